@@ -1,0 +1,88 @@
+// The contract between the engine (scheduler) and a model architecture.
+//
+// A Model is written once against the Backend op set. The engine hands it one BatchPlan per
+// step: a list of sequence slices, each a run of new tokens for one lane starting at a known
+// position. The model writes K/V for those tokens into the lane's pages, attends over every
+// cached position up to and including each token (causal), and produces logits for the
+// rows the plan asks for.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ninfer {
+
+class Artifact;
+class KvPool;
+
+// Shape facts every architecture exposes; the engine sizes pools and samplers from them.
+struct ModelInfo {
+  std::string architecture;
+  int64_t vocab_size = 0;         // rows of the logits
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_kv_layers = 0;       // layers that own KV pages (all, for dense models)
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t num_params = 0;          // logical weight elements over distinct weight tensors
+  int64_t weight_bytes = 0;        // encoded payload bytes of those tensors
+  std::string weight_format;       // dominant format by payload bytes: "f32", "bf16", "q8_0", ...
+};
+
+// One lane's new tokens in this step.
+struct SeqSlice {
+  int lane = 0;                    // which resident lane (state slot) the tokens belong to
+  int32_t start_pos = 0;           // position of the first new token (= tokens already cached)
+  int32_t num_tokens = 0;          // new tokens, stored contiguously in BatchPlan::tokens
+  const int32_t* page_table = nullptr;  // KV page ids covering [0, start_pos + num_tokens)
+  int32_t num_pages = 0;
+  bool wants_logits = false;       // produce logits for the slice's last token
+};
+
+struct BatchPlan {
+  std::span<const int32_t> tokens;  // all slices' tokens, slice after slice
+  std::vector<SeqSlice> slices;
+  // Number of slices with wants_logits; logits rows are written in slice order.
+  int num_logit_rows() const {
+    int n = 0;
+    for (const auto& s : slices) n += s.wants_logits ? 1 : 0;
+    return n;
+  }
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  // Runs one traversal of the network over every slice of the plan and writes
+  // float32 logits [plan.num_logit_rows(), vocab_size] into `logits` (host memory).
+  virtual void forward(const BatchPlan& plan, float* logits) = 0;
+  // Clears any per-lane state that is not in KV pages (recurrent state of hybrid models).
+  virtual void reset_lane(int lane) {}
+};
+
+struct ModelOptions {
+  int max_lanes = 1;               // resident lanes the engine will use (state slots)
+  int max_batch_tokens = 512;      // largest BatchPlan::tokens.size() the engine will send
+  int threads = 0;                 // CPU worker threads; 0 = all cores
+  std::string device = "cpu";      // "cpu" or "cuda[:N]"
+};
+
+// Builds the model the artifact's architecture names. Throws std::runtime_error with a clear
+// message for an unsupported architecture or a missing/mis-shaped tensor. The KvPool must
+// outlive the model.
+std::unique_ptr<Model> load_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options);
+
+// KV geometry the model needs; the engine builds the KvPool from it before load_model.
+struct KvGeometry {
+  int64_t num_kv_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+KvGeometry kv_geometry(const Artifact& artifact);
+
+}  // namespace ninfer

@@ -1,0 +1,98 @@
+"""Typed hand-off between the protocol layer and the engine bridge (python/ninfer/engine.py).
+
+Protocols lower every request to one GenerationRequest and read EngineEvents back. Nothing
+here knows about HTTP; nothing in the protocol layer touches the native core directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None = fresh entropy; same seed + same request => same output
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_tokens: int  # >= 0; 0 = prompt processing only
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: list[int] = field(default_factory=list)  # in addition to the model's eos ids
+    stop_strings: list[str] = field(default_factory=list)  # matched on bytes; text withheld
+    ignore_eos: bool = False
+    min_tokens: int = 0  # eos and stops are suppressed until this many tokens exist
+
+
+@dataclass(slots=True)
+class Timings:
+    queue_ms: float = 0.0  # waiting for a lane
+    prompt_ms: float = 0.0  # prefill
+    predicted_ms: float = 0.0  # decode
+
+
+@dataclass(slots=True)
+class EngineEvent:
+    """One batch of committed output for a request.
+
+    `text` holds the bytes that are safe to show (a possible stop-string prefix is held back
+    until it resolves; a matched stop string and what follows it never appear). It may end
+    inside a UTF-8 sequence: decode incrementally.
+    """
+
+    request_id: int
+    token_ids: list[int]
+    text: bytes
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    stop_reason: str | int | None = None  # the matched stop string or stop token id
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    timings: Timings | None = None  # set on the finished event
+    error: str | None = None
+
+
+class EngineError(Exception):
+    """Base class of typed engine refusals; the server maps each to an HTTP status."""
+
+
+class EngineOverloaded(EngineError):
+    """All lanes busy and the pending queue is full (HTTP 429 server_overloaded)."""
+
+
+class QueueTimeout(EngineError):
+    """The request waited past the pending deadline (HTTP 503 request_queue_timeout)."""
+
+
+class ContextLengthExceeded(EngineError):
+    """Prompt (plus reserved output) exceeds the context ceiling (HTTP 400)."""
+
+    def __init__(self, prompt_tokens: int, max_context: int) -> None:
+        super().__init__(
+            f"prompt has {prompt_tokens} tokens but this server's context ceiling is "
+            f"{max_context} tokens"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+
+
+class EngineUnavailable(EngineError):
+    """The engine failed as a whole or is shutting down (HTTP 503)."""
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    max_concurrency: int = 4  # resident lanes, 1..8
+    max_context: int = 0  # per-request ceiling (prompt + output); 0 = the model's own
+    prefill_chunk: int = 512
+    max_pending_requests: int = 64
+    pending_timeout_ms: int = 0  # 0 = wait forever
+    threads: int = 0  # CPU threads; 0 = all cores
+    device: str = "cpu"
