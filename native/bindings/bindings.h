@@ -1,0 +1,12 @@
+// Each room of the core registers its own Python bindings into the one `_core` module.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace ninfer::bindings {
+
+void bind_artifact(pybind11::module_& m);  // artifact_bindings.cpp
+void bind_ops(pybind11::module_& m);       // ops_bindings.cpp  (kernels, for tests)
+void bind_engine(pybind11::module_& m);    // engine_bindings.cpp
+
+}  // namespace ninfer::bindings
