@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions: wire structs, validation, lowering, and response rendering."""

@@ -1,0 +1,83 @@
+"""Wire structs of a Chat Completions request.
+
+Types and ranges that msgspec can check live here, so a wrong type names its field
+(`$.messages[0].content`). Semantic checks that need context (roles, content parts,
+unsupported options) live in lowering.py. Unknown top-level fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+UnitFloat = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+TopK = Annotated[int, msgspec.Meta(ge=0, le=20)]
+Seed = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    function_call: Any = None
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+
+
+class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+    model: str
+    messages: list[Message]
+    max_tokens: NonNegativeInt | None = None
+    max_completion_tokens: NonNegativeInt | None = None
+    temperature: Temperature | None = None
+    top_p: UnitFloat | None = None
+    top_k: TopK | None = None
+    min_p: UnitFloat | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: float | None = None
+    seed: Seed | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    audio: Any = None
+    store: bool | None = None
+    enable_thinking: bool | None = None
+    preserve_thinking: bool | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    timings_per_token: bool | None = None
+    return_progress: bool | None = None
+    structured_outputs: Any = None
+
+
+def decode_request(body: bytes) -> ChatCompletionRequest:
+    """Parse and type-check a body; raises msgspec errors that name the field."""
+    return msgspec.json.decode(body, type=ChatCompletionRequest)

@@ -1,0 +1,222 @@
+"""The ASGI application: one route table, auth, CORS, request ids, one error boundary."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.protocols.served_model import ServedModel
+from ninfer.server.chat_completions import chat_completions
+from ninfer.server.errors import ApiError, from_engine_error
+from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
+from ninfer.server.sse import KEEP_ALIVE_SECONDS
+
+log = logging.getLogger("ninfer.server")
+
+
+@dataclass(slots=True)
+class AppConfig:
+    api_key: str | None = None
+    cors: bool = False
+    max_request_mib: int = 384
+    keep_alive_s: float = KEEP_ALIVE_SECONDS
+
+
+Handler = Callable[["NInferApp", HttpRequest, dict[str, str]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str  # a trailing "{name}" captures the rest of the path (model ids contain "/")
+    handler: Handler
+    public: bool = False  # reachable without the API key, and not under /v1/v1
+
+    def match(self, path: str) -> dict[str, str] | None:
+        if "{" not in self.path:
+            return {} if path == self.path else None
+        prefix, _, name = self.path.partition("{")
+        if path.startswith(prefix) and len(path) > len(prefix):
+            return {name.rstrip("}"): path[len(prefix) :]}
+        return None
+
+
+async def _health(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    if app.served.engine.healthy:
+        await request.send_json(200, {"status": "ok"})
+    else:
+        await request.send_json(503, {"status": "unavailable"})
+
+
+async def _list_models(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await request.send_json(200, {"object": "list", "data": [app.model_card()]})
+
+
+async def _get_model(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    model_id = params["model_id"]
+    if model_id != app.served.public_id:
+        raise ApiError(
+            404,
+            f"model `{model_id}` does not exist; this server serves `{app.served.public_id}`",
+            code="model_not_found",
+            param="model",
+            type="invalid_request_error",
+        )
+    await request.send_json(200, app.model_card())
+
+
+async def _chat(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await chat_completions(
+        request, app.served, app.config.max_request_mib << 20, app.config.keep_alive_s
+    )
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/health", _health, public=True),
+    Route("GET", "/v1/models", _list_models),
+    Route("GET", "/v1/models/{model_id}", _get_model),
+    Route("POST", "/v1/chat/completions", _chat),
+)
+
+_DOUBLED_PREFIX = "/v1/v1/"
+
+
+class NInferApp:
+    def __init__(
+        self,
+        served: ServedModel,
+        config: AppConfig,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        self.served = served
+        self.config = config
+        self.created = int(time.time())
+        self._on_ready = on_ready
+
+    def model_card(self) -> dict[str, Any]:
+        info = dict(self.served.engine.model_info)
+        meta = {
+            key: info.get(key)
+            for key in ("n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size", "ftype")
+        }
+        meta["n_ctx"] = self.served.max_context
+        return {
+            "id": self.served.public_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "ninfer",
+            "max_model_len": self.served.max_context,
+            "meta": meta,
+        }
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                if self._on_ready is not None:
+                    self._on_ready()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        request_id = f"req_{uuid.uuid4().hex}"
+        common = self._common_headers(request_id, scope)
+
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *common]}
+            await send(message)
+
+        request = HttpRequest(scope, receive, send_with_headers, request_id)
+        try:
+            await self._dispatch(request)
+        except ClientDisconnected:
+            log.debug("%s client disconnected", request_id)
+        except Exception as exc:  # the one boundary where every failure becomes a response
+            await self._send_error(request, exc)
+
+    async def _dispatch(self, request: HttpRequest) -> None:
+        if request.method == "OPTIONS":
+            await request.send_empty(204)  # CORS preflight: always open
+            return
+        route, params = self._route(request)
+        if not route.public:
+            self._authenticate(request)
+        await route.handler(self, request, params)
+
+    def _route(self, request: HttpRequest) -> tuple[Route, dict[str, str]]:
+        path = request.path
+        doubled = path.startswith(_DOUBLED_PREFIX)
+        if doubled:
+            path = path[len("/v1") :]
+        method_mismatch = False
+        for route in ROUTES:
+            if doubled and route.public:
+                continue
+            params = route.match(path)
+            if params is None:
+                continue
+            if route.method == request.method:
+                return route, params
+            method_mismatch = True
+        if method_mismatch:
+            raise ApiError(
+                405, f"method {request.method} is not allowed on {request.path}", code="method_not_allowed"
+            )
+        raise ApiError(404, f"no route for {request.method} {request.path}", code="not_found")
+
+    def _authenticate(self, request: HttpRequest) -> None:
+        expected = self.config.api_key
+        if expected is None:
+            return
+        supplied = request.headers.get("x-api-key")
+        authorization = request.headers.get("authorization", "")
+        if supplied is None and authorization[:7].lower() == "bearer ":
+            supplied = authorization[7:].strip()
+        if supplied is None or not hmac.compare_digest(supplied.encode(), expected.encode()):
+            raise ApiError(
+                401,
+                "missing or invalid API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)",
+                code="invalid_api_key",
+                type="invalid_request_error",
+            )
+
+    def _common_headers(self, request_id: str, scope: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-request-id", request_id.encode())]
+        if self.config.cors:
+            requested = b"*"
+            for key, value in scope.get("headers", []):
+                if key.lower() == b"access-control-request-headers":
+                    requested = value
+            headers += [
+                (b"access-control-allow-origin", b"*"),
+                (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                (b"access-control-allow-headers", requested),
+                (b"access-control-expose-headers", b"x-request-id"),
+                (b"access-control-max-age", b"86400"),
+            ]
+        return headers
+
+    async def _send_error(self, request: HttpRequest, exc: Exception) -> None:
+        error = exc if isinstance(exc, ApiError) else from_engine_error(exc)
+        if error is None:
+            log.exception("%s %s %s failed", request.request_id, request.method, request.path)
+            error = ApiError(500, "internal server error", code="internal_error")
+        elif error.status >= 500:
+            log.warning("%s %s %s: %s", request.request_id, request.method, request.path, error.message)
+        if request.response_started:
+            return  # a stream reports its own failures; nothing more can be said here
+        await request.send_json(error.status, error.body())

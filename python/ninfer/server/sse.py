@@ -1,0 +1,72 @@
+"""Server-sent events framing, with a keep-alive comment while the engine is quiet."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from ninfer.server.http import HttpRequest, encode_json
+
+T = TypeVar("T")
+
+KEEP_ALIVE_SECONDS = 5.0
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class SseStream:
+    def __init__(self, request: HttpRequest) -> None:
+        self._request = request
+        self.closed = False
+
+    async def open(self) -> None:
+        await self._request.start_response(200, list(_SSE_HEADERS))
+
+    async def event(self, payload: dict[str, Any]) -> None:
+        await self._request.send_body(b"data: " + encode_json(payload) + b"\n\n", more=True)
+
+    async def keep_alive(self) -> None:
+        await self._request.send_body(b": keep-alive\n\n", more=True)
+
+    async def finish(self) -> None:
+        """The normal end: `[DONE]`, then close."""
+        await self._request.send_body(b"data: [DONE]\n\n", more=True)
+        await self.close()
+
+    async def fail(self, error_body: dict[str, Any]) -> None:
+        """A failure after the stream started: one error event, no `[DONE]`."""
+        await self.event(error_body)
+        await self.close()
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self._request.send_body(b"")
+
+
+async def with_heartbeat(
+    items: AsyncIterable[T], interval: float, beat: Callable[[], Awaitable[None]]
+) -> AsyncIterator[T]:
+    """Yield from `items`, awaiting `beat()` after every `interval` seconds of silence.
+
+    The pending `__anext__` is never cancelled by a beat, so no item is lost.
+    """
+    iterator = items.__aiter__()
+    while True:
+        pending = asyncio.ensure_future(iterator.__anext__())
+        try:
+            while not (await asyncio.wait({pending}, timeout=interval))[0]:
+                await beat()
+        except BaseException:
+            pending.cancel()
+            raise
+        try:
+            item = pending.result()
+        except StopAsyncIteration:
+            return
+        yield item
