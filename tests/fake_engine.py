@@ -160,7 +160,9 @@ class FakeHandle:
             position += 1
             count += 1
             if token is None:  # eos
-                yield self._final(held, count, "stop", engine.tokenizer.eos_token_ids[0], prompt_done)
+                yield self._final(
+                    held, count, "stop", engine.tokenizer.eos_token_ids[0], prompt_done
+                )
                 return
             held += bytes([token - FakeTokenizer.OFFSET])
             for stop in stops:
@@ -180,7 +182,12 @@ class FakeHandle:
             pass
 
     def _final(
-        self, text: bytes, count: int, reason: str, stop_reason: str | int | None, prompt_done: float
+        self,
+        text: bytes,
+        count: int,
+        reason: str,
+        stop_reason: str | int | None,
+        prompt_done: float,
     ) -> EngineEvent:
         now = time.perf_counter()
         admitted = self._admitted_at or now

@@ -40,7 +40,9 @@ class RunningServer:
         self.thread.join(10)
 
 
-def start_server(engine: Any, config: AppConfig | None = None, **served_kwargs: Any) -> RunningServer:
+def start_server(
+    engine: Any, config: AppConfig | None = None, **served_kwargs: Any
+) -> RunningServer:
     served = load_served_model(engine, **served_kwargs)
     ready = threading.Event()
     app = NInferApp(served, config or AppConfig(), on_ready=ready.set)

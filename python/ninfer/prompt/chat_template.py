@@ -71,7 +71,9 @@ class ChatTemplate:
     @classmethod
     def from_header(cls, source: str, header: dict) -> ChatTemplate:
         tokenizer = header.get("tokenizer") or {}
-        return cls(source, bos_token=tokenizer.get("bos_token"), eos_token=tokenizer.get("eos_token"))
+        return cls(
+            source, bos_token=tokenizer.get("bos_token"), eos_token=tokenizer.get("eos_token")
+        )
 
     def render(
         self,

@@ -37,7 +37,9 @@ class SamplingPolicy:
     process_seed: int | None = None
     greedy: bool = False
 
-    def resolve(self, request_fields: dict[str, float | int | None], seed: int | None) -> SamplingParams:
+    def resolve(
+        self, request_fields: dict[str, float | int | None], seed: int | None
+    ) -> SamplingParams:
         params = SamplingParams()
         for layer in (self.artifact_defaults, self.process_overrides, request_fields):
             for name, value in layer.items():

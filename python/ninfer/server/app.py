@@ -12,19 +12,11 @@ from typing import Any
 
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.chat_completions import chat_completions
+from ninfer.server.config import AppConfig
 from ninfer.server.errors import ApiError, from_engine_error
 from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
-from ninfer.server.sse import KEEP_ALIVE_SECONDS
 
 log = logging.getLogger("ninfer.server")
-
-
-@dataclass(slots=True)
-class AppConfig:
-    api_key: str | None = None
-    cors: bool = False
-    max_request_mib: int = 384
-    keep_alive_s: float = KEEP_ALIVE_SECONDS
 
 
 Handler = Callable[["NInferApp", HttpRequest, dict[str, str]], Awaitable[None]]
@@ -71,9 +63,7 @@ async def _get_model(app: NInferApp, request: HttpRequest, params: dict[str, str
 
 
 async def _chat(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
-    await chat_completions(
-        request, app.served, app.config.max_request_mib << 20, app.config.keep_alive_s
-    )
+    await chat_completions(request, app.served, app.config)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -174,7 +164,9 @@ class NInferApp:
             method_mismatch = True
         if method_mismatch:
             raise ApiError(
-                405, f"method {request.method} is not allowed on {request.path}", code="method_not_allowed"
+                405,
+                f"method {request.method} is not allowed on {request.path}",
+                code="method_not_allowed",
             )
         raise ApiError(404, f"no route for {request.method} {request.path}", code="not_found")
 
@@ -216,7 +208,9 @@ class NInferApp:
             log.exception("%s %s %s failed", request.request_id, request.method, request.path)
             error = ApiError(500, "internal server error", code="internal_error")
         elif error.status >= 500:
-            log.warning("%s %s %s: %s", request.request_id, request.method, request.path, error.message)
+            log.warning(
+                "%s %s %s: %s", request.request_id, request.method, request.path, error.message
+            )
         if request.response_started:
             return  # a stream reports its own failures; nothing more can be said here
         await request.send_json(error.status, error.body())

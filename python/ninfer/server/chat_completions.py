@@ -15,6 +15,7 @@ from ninfer.protocols.openai_chat.lowering import LoweredChat, lower_chat_reques
 from ninfer.protocols.openai_chat.protocol import decode_request
 from ninfer.protocols.openai_chat.render import ChatRenderer
 from ninfer.protocols.served_model import ServedModel
+from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import ApiError, from_decode_error, from_engine_error
 from ninfer.server.http import HttpRequest
@@ -23,10 +24,8 @@ from ninfer.server.sse import SseStream, with_heartbeat
 log = logging.getLogger("ninfer.server")
 
 
-async def chat_completions(
-    request: HttpRequest, served: ServedModel, max_request_bytes: int, keep_alive_s: float
-) -> None:
-    body = await request.read_body(max_request_bytes)
+async def chat_completions(request: HttpRequest, served: ServedModel, config: AppConfig) -> None:
+    body = await request.read_body(config.max_request_bytes)
     try:
         parsed = decode_request(body)
     except msgspec.MsgspecError as exc:
@@ -41,7 +40,7 @@ async def chat_completions(
             await watcher.race(handle.admitted())
             renderer = ChatRenderer(served.public_id)
             if lowered.stream:
-                final = await _stream(request, handle, renderer, lowered, watcher, keep_alive_s)
+                final = await _stream(request, handle, renderer, lowered, watcher, config)
             else:
                 final = await _aggregate(request, handle, renderer, lowered, watcher)
         finally:
@@ -87,14 +86,14 @@ async def _stream(
     renderer: ChatRenderer,
     lowered: LoweredChat,
     watcher: DisconnectWatcher,
-    keep_alive_s: float,
+    config: AppConfig,
 ) -> EngineEvent | None:
     sse = SseStream(request)
     await sse.open()
     try:
         await sse.event(renderer.role_chunk())
         decoder = IncrementalTextDecoder()
-        async for event in with_heartbeat(handle, keep_alive_s, sse.keep_alive):
+        async for event in with_heartbeat(handle, config.keep_alive_s, sse.keep_alive):
             if watcher.disconnected.is_set():
                 return event
             text = decoder.feed(event.text) + (decoder.flush() if event.finished else "")
@@ -102,9 +101,11 @@ async def _stream(
                 await sse.event(renderer.content_chunk(text))
             if event.finished:
                 _raise_if_failed(event)
-                await _send_stream_end(sse, renderer, lowered, event)
+                await _send_stream_end(sse, renderer, lowered, event, config.usage_chunk_choice)
                 return event
-        raise ApiError(500, "the engine ended the request without a final event", code="engine_error")
+        raise ApiError(
+            500, "the engine ended the request without a final event", code="engine_error"
+        )
     except Exception as exc:
         if watcher.disconnected.is_set():
             return None
@@ -117,14 +118,20 @@ async def _stream(
 
 
 async def _send_stream_end(
-    sse: SseStream, renderer: ChatRenderer, lowered: LoweredChat, event: EngineEvent
+    sse: SseStream,
+    renderer: ChatRenderer,
+    lowered: LoweredChat,
+    event: EngineEvent,
+    usage_chunk_choice: bool,
 ) -> None:
     prompt_tokens = event.prompt_tokens or lowered.prompt_tokens
     timings = render.llama_timings(event.timings, prompt_tokens, event.completion_tokens)
     finish = renderer.finish_chunk(render.finish_reason(event.finish_reason))
     if lowered.include_usage:
         await sse.event(finish)
-        last = renderer.usage_chunk(render.usage(prompt_tokens, event.completion_tokens))
+        last = renderer.usage_chunk(
+            render.usage(prompt_tokens, event.completion_tokens), with_choice=usage_chunk_choice
+        )
     else:
         last = finish
     last["timings"] = timings  # llama.cpp puts timings on the last JSON chunk
@@ -134,7 +141,9 @@ async def _send_stream_end(
 
 def _raise_if_failed(event: EngineEvent) -> None:
     if event.finish_reason == "error":
-        raise ApiError(500, f"generation failed: {event.error or 'engine error'}", code="engine_error")
+        raise ApiError(
+            500, f"generation failed: {event.error or 'engine error'}", code="engine_error"
+        )
     if event.finish_reason == "cancelled":
         raise ApiError(503, "the request was cancelled by the server", code="service_unavailable")
 

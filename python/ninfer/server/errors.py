@@ -79,8 +79,7 @@ def from_engine_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, EngineOverloaded):
         return ApiError(
             429,
-            "the server is at capacity (all lanes busy and the pending queue is full); "
-            "retry later",
+            "the server is at capacity (all lanes busy and the pending queue is full); retry later",
             code="server_overloaded",
         )
     if isinstance(exc, QueueTimeout):
@@ -128,7 +127,11 @@ def from_decode_error(exc: msgspec.MsgspecError) -> ApiError:
             param=param,
         )
     param = path.lstrip(".") or None
-    code = "invalid_type" if detail.startswith("Expected `") and ", got `" in detail else "invalid_value"
+    code = (
+        "invalid_type"
+        if detail.startswith("Expected `") and ", got `" in detail
+        else "invalid_value"
+    )
     where = f" for `{param}`" if param else ""
     return ApiError(400, f"invalid value{where}: {detail}", code=code, param=param)
 

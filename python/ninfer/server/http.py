@@ -24,7 +24,9 @@ class ClientDisconnected(Exception):
 
 
 class HttpRequest:
-    def __init__(self, scope: dict[str, Any], receive: Receive, send: Send, request_id: str) -> None:
+    def __init__(
+        self, scope: dict[str, Any], receive: Receive, send: Send, request_id: str
+    ) -> None:
         self.scope = scope
         self.receive = receive
         self.send = send

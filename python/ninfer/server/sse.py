@@ -10,8 +10,6 @@ from ninfer.server.http import HttpRequest, encode_json
 
 T = TypeVar("T")
 
-KEEP_ALIVE_SECONDS = 5.0
-
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),

@@ -12,7 +12,12 @@ from ninfer.protocols.served_model import ServedModel
 from ninfer.server.errors import ApiError, context_length_exceeded, invalid, unsupported
 
 MAX_STOP_STRINGS = 4
-_TEMPLATE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_TEMPLATE_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
 # Keys a client may not override through chat_template_kwargs: the server supplies them.
 _RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 # Marks where a final assistant message's content ends, so generation continues in place.
@@ -97,7 +102,9 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
     if request.timings_per_token:
         raise unsupported("timings_per_token", "per-token timings are not available in this build")
     if request.return_progress:
-        raise unsupported("return_progress", "prompt progress events are not available in this build")
+        raise unsupported(
+            "return_progress", "prompt progress events are not available in this build"
+        )
 
 
 def _template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:
@@ -110,7 +117,9 @@ def _template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], b
 def _template_message(index: int, message: Message) -> dict[str, Any]:
     where = f"messages[{index}]"
     if message.role in ("tool", "function"):
-        raise unsupported(f"{where}.role", "tool history needs tool calling, not available in this build")
+        raise unsupported(
+            f"{where}.role", "tool history needs tool calling, not available in this build"
+        )
     role = _TEMPLATE_ROLES.get(message.role)
     if role is None:
         raise invalid(
@@ -120,7 +129,9 @@ def _template_message(index: int, message: Message) -> dict[str, Any]:
     if message.tool_calls or message.function_call is not None:
         raise unsupported(f"{where}.tool_calls", "tool calling is not available in this build")
     if message.name:
-        raise unsupported(f"{where}.name", "participant names cannot be represented by the chat template")
+        raise unsupported(
+            f"{where}.name", "participant names cannot be represented by the chat template"
+        )
     if message.content is None and role != "assistant":
         raise invalid(f"a {message.role} message needs `content`", f"{where}.content")
     result: dict[str, Any] = {"role": role, "content": _content_text(where, role, message.content)}
@@ -146,7 +157,9 @@ def _content_text(where: str, role: str, content: str | list[ContentPart] | None
                 raise invalid("a refusal part needs a `refusal` string", f"{param}.refusal")
             pieces.append(part.refusal)
         elif part.type in ("image_url", "video_url", "input_audio", "file"):
-            raise unsupported(f"{param}.type", f"`{part.type}` input is not available in this build")
+            raise unsupported(
+                f"{param}.type", f"`{part.type}` input is not available in this build"
+            )
         else:
             raise invalid(f"unknown content part type `{part.type}`", f"{param}.type")
     return "".join(pieces)
@@ -191,10 +204,15 @@ def _render_prompt(
 ) -> str:
     try:
         if not is_prefill:
-            return served.template.render(messages, add_generation_prompt=True, template_kwargs=kwargs)
+            return served.template.render(
+                messages, add_generation_prompt=True, template_kwargs=kwargs
+            )
         # Continue the final assistant turn in place: render it with an end marker on its
         # content and cut the prompt there, dropping the template's turn-closing tokens.
-        marked = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + _PREFILL_SENTINEL}]
+        marked = [
+            *messages[:-1],
+            {**messages[-1], "content": messages[-1]["content"] + _PREFILL_SENTINEL},
+        ]
         text = served.template.render(marked, add_generation_prompt=False, template_kwargs=kwargs)
     except TemplateError as exc:
         raise ApiError(400, str(exc), code="invalid_prompt", param="messages") from exc
@@ -229,5 +247,7 @@ def _stop_strings(stop: str | list[str] | None) -> list[str]:
         raise invalid(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
     for i, s in enumerate(stops):
         if not s:
-            raise invalid("stop strings must not be empty", "stop" if isinstance(stop, str) else f"stop[{i}]")
+            raise invalid(
+                "stop strings must not be empty", "stop" if isinstance(stop, str) else f"stop[{i}]"
+            )
     return list(stops)

@@ -86,7 +86,9 @@ class ChatRenderer:
         }
 
     def chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}])
+        return self._chunk(
+            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+        )
 
     def role_chunk(self) -> dict[str, Any]:
         return self.chunk({"role": "assistant", "content": ""})
@@ -97,8 +99,12 @@ class ChatRenderer:
     def finish_chunk(self, reason: str) -> dict[str, Any]:
         return self.chunk({}, reason)
 
-    def usage_chunk(self, usage_obj: dict[str, Any]) -> dict[str, Any]:
-        chunk = self._chunk([])
+    def usage_chunk(
+        self, usage_obj: dict[str, Any], *, with_choice: bool = False
+    ) -> dict[str, Any]:
+        """OpenAI sends usage with empty choices; some strict parsers need one empty choice."""
+        choices = [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}]
+        chunk = self._chunk(choices if with_choice else [])
         chunk["usage"] = usage_obj
         return chunk
 

