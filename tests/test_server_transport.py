@@ -1,0 +1,218 @@
+"""Transport behaviour: disconnects, keep-alive, request ids, doubled prefix, auth, CORS."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from fake_engine import FakeEngine
+from ninfer.engine_types import EngineConfig
+from ninfer.server.config import AppConfig
+from server_harness import start_server
+
+MODEL = "fake-chat"
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = start_server(FakeEngine())
+    yield running
+    running.stop()
+
+
+def wait_until(predicate, seconds=3.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_disconnect_mid_stream_frees_the_lane():
+    engine = FakeEngine(EngineConfig(max_concurrency=1, max_pending_requests=0))
+    running = start_server(engine)
+    try:
+        body = json.dumps(
+            {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "long: x"}]}
+        ).encode()
+        sock = socket.create_connection(("127.0.0.1", running.port))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while received.count(b"data: ") < 5:  # the role chunk and a few content deltas
+            chunk = sock.recv(4096)
+            assert chunk, "server closed the stream early"
+            received += chunk
+        assert engine.active == 1
+        sock.close()
+        # The lane is freed by the disconnect itself, not by the request running out.
+        assert wait_until(lambda: engine.active == 0 and engine.outstanding == 0)
+        client = openai.OpenAI(base_url=running.base_url + "/v1", api_key="x", max_retries=0)
+        started = time.monotonic()
+        reply = client.chat.completions.create(model=MODEL, messages=USER, temperature=0)
+        assert reply.choices[0].message.content == "You said: hi."
+        assert time.monotonic() - started < 2.0
+    finally:
+        running.stop()
+
+
+def test_disconnect_while_waiting_for_a_lane_cancels_the_wait():
+    engine = FakeEngine(EngineConfig(max_concurrency=1, max_pending_requests=1))
+    running = start_server(engine)
+    try:
+        long_body = {
+            "model": MODEL,
+            "stream": True,
+            "messages": [{"role": "user", "content": "long: x"}],
+        }
+        with httpx.stream("POST", running.base_url + "/v1/chat/completions", json=long_body) as r:
+            lines = r.iter_lines()  # kept referenced: a collected iterator closes the stream
+            next(lines)
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(
+                    running.base_url + "/v1/chat/completions",
+                    json={"model": MODEL, "messages": USER},
+                    timeout=0.3,
+                )
+            assert wait_until(lambda: engine.outstanding == 1)  # the waiter is gone
+        assert wait_until(lambda: engine.outstanding == 0)
+    finally:
+        running.stop()
+
+
+def test_keep_alive_comment_during_silence():
+    engine = FakeEngine()
+    engine.slow_pause = 0.5
+    running = start_server(engine, AppConfig(keep_alive_s=0.1))
+    try:
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "slow: ok"}],
+        }
+        with httpx.stream("POST", running.base_url + "/v1/chat/completions", json=body) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert ": keep-alive" in lines
+        first_content = next(i for i, line in enumerate(lines) if '"content":"Y' in line)
+        assert lines.index(": keep-alive") < first_content
+        content = "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in lines
+            if line.startswith("data: {")
+        )
+        assert content == "You said: slow: ok."
+        assert lines[-1] == "data: [DONE]"
+    finally:
+        running.stop()
+
+
+def test_request_ids_on_every_response(server):
+    ids = set()
+    responses = [
+        httpx.get(server.base_url + "/health"),
+        httpx.get(server.base_url + "/v1/models"),
+        httpx.post(server.base_url + "/v1/chat/completions", content=b"{"),
+        httpx.get(server.base_url + "/nope"),
+        httpx.post(
+            server.base_url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER, "temperature": 0},
+        ),
+    ]
+    body = {"model": MODEL, "messages": USER, "stream": True}
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body) as streamed:
+        streamed.read()
+        responses.append(streamed)
+    for response in responses:
+        ids.add(response.headers["x-request-id"])
+    assert len(ids) == len(responses)
+
+
+def test_doubled_v1_prefix(server):
+    client = openai.OpenAI(base_url=server.base_url + "/v1/v1", api_key="x", max_retries=0)
+    assert client.models.list().data[0].id == MODEL
+    assert client.models.retrieve(MODEL).id == MODEL
+    reply = client.chat.completions.create(model=MODEL, messages=USER, temperature=0)
+    assert reply.choices[0].message.content == "You said: hi."
+    error = httpx.post(server.base_url + "/v1/v1/chat/completions", content=b"{")
+    assert error.status_code == 400 and error.headers["x-request-id"]
+    assert httpx.get(server.base_url + "/v1/v1/health").status_code == 404
+    assert httpx.get(server.base_url + "/v1/v1/v1/models").status_code == 404
+
+
+def test_model_ids_may_contain_slashes():
+    running = start_server(FakeEngine(), model_id="org/model-name")
+    try:
+        client = openai.OpenAI(base_url=running.base_url + "/v1", api_key="x", max_retries=0)
+        assert client.models.retrieve("org/model-name").id == "org/model-name"
+        reply = client.chat.completions.create(model="org/model-name", messages=USER)
+        assert reply.model == "org/model-name"
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=MODEL, messages=USER)
+    finally:
+        running.stop()
+
+
+def test_api_key():
+    running = start_server(FakeEngine(), AppConfig(api_key="s3cret"))
+    try:
+        base = running.base_url
+        denied = httpx.get(base + "/v1/models")
+        assert denied.status_code == 401
+        assert denied.json()["error"]["code"] == "invalid_api_key"
+        assert denied.headers["x-request-id"]
+        assert (
+            httpx.get(base + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code
+            == 401
+        )
+        assert (
+            httpx.get(base + "/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code
+            == 200
+        )
+        assert httpx.get(base + "/v1/models", headers={"x-api-key": "s3cret"}).status_code == 200
+        assert httpx.get(base + "/v1/v1/models").status_code == 401
+        assert httpx.get(base + "/health").status_code == 200
+        assert httpx.options(base + "/v1/chat/completions").status_code == 204
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=base + "/v1", api_key="s3cret", max_retries=0)
+        assert client.chat.completions.create(model=MODEL, messages=USER).choices
+    finally:
+        running.stop()
+
+
+def test_cors_headers_only_when_enabled(server):
+    plain = httpx.get(server.base_url + "/v1/models", headers={"Origin": "http://a.example"})
+    assert "access-control-allow-origin" not in plain.headers
+    running = start_server(FakeEngine(), AppConfig(cors=True, api_key="k"))
+    try:
+        preflight = httpx.options(
+            running.base_url + "/v1/chat/completions",
+            headers={
+                "Origin": "http://a.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
+        assert preflight.status_code == 204
+        assert preflight.headers["access-control-allow-origin"] == "*"
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+        actual = httpx.get(running.base_url + "/v1/models", headers={"x-api-key": "k"})
+        assert actual.headers["access-control-allow-origin"] == "*"
+        assert "x-request-id" in actual.headers["access-control-expose-headers"]
+        assert (
+            httpx.get(running.base_url + "/v1/models").headers["access-control-allow-origin"] == "*"
+        )
+    finally:
+        running.stop()
