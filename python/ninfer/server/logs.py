@@ -20,12 +20,13 @@ def configure_logging(level_name: str) -> None:
     logging.addLevelName(TRACE, "TRACE")
     root = logging.getLogger()
     for handler in list(root.handlers):
-        root.removeHandler(handler)
+        if getattr(handler, "ninfer", False):  # ours from an earlier call; leave others alone
+            root.removeHandler(handler)
     if level_name == "off":
-        root.addHandler(logging.NullHandler())
         root.setLevel(logging.CRITICAL + 1)
         return
     handler = logging.StreamHandler(sys.stderr)
+    handler.ninfer = True  # type: ignore[attr-defined]
     handler.setFormatter(
         logging.Formatter(
             "%(asctime)s.%(msecs)03d %(levelname)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"
