@@ -66,9 +66,16 @@ const char* kind_name(EventKind k) {
   return "?";
 }
 
+// Stop strings come from Python str (valid UTF-8); bytes given by tests may not be.
+py::str utf8_or_replace(const std::string& s) {
+  PyObject* obj = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (!obj) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(obj);
+}
+
 py::object stop_reason(const EngineEvent& e) {
   switch (e.stop_kind) {
-    case StopKind::String: return py::str(e.stop_string);
+    case StopKind::String: return utf8_or_replace(e.stop_string);
     case StopKind::TokenId: return py::int_(e.stop_token);
     case StopKind::Eos:
     case StopKind::None: return py::none();
@@ -269,7 +276,14 @@ void bind_engine_class(py::module_& m) {
             if (!self.toy) throw py::value_error("only toy engines have injectable failures");
             self.toy->fail_next_forwards(count);
           },
-          py::arg("count"));
+          py::arg("count"))
+      .def(
+          "toy_set_step_delay_us",
+          [](PyEngine& self, int64_t us) {
+            if (!self.toy) throw py::value_error("only toy engines have a step delay");
+            self.toy->set_step_delay_us(us);
+          },
+          py::arg("microseconds"));
 }
 
 void bind_sampling_tools(py::module_& m) {

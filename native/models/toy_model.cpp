@@ -1,8 +1,10 @@
 #include "models/toy_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace ninfer {
 
@@ -31,6 +33,7 @@ void ToyModel::reset_lane(int lane) {
 
 void ToyModel::forward(const BatchPlan& plan, float* logits) {
   ++forwards_;
+  if (const int64_t us = step_delay_us_.load(); us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
   if (failures_to_inject_.load() > 0) {
     failures_to_inject_.fetch_sub(1);
     throw std::runtime_error("toy model: injected failure");

@@ -31,6 +31,8 @@ class ToyModel final : public Model {
   static constexpr int64_t kLayers = 1, kHeads = 1, kHeadDim = 1;
   // Test hook (any thread): the next `count` forwards throw std::runtime_error.
   void fail_next_forwards(int count) { failures_to_inject_ = count; }
+  // Test hook (any thread): every forward sleeps this long, to keep lanes busy on purpose.
+  void set_step_delay_us(int64_t us) { step_delay_us_ = us; }
   int64_t forwards() const { return forwards_; }
 
  private:
@@ -41,6 +43,7 @@ class ToyModel final : public Model {
   std::vector<int32_t> lane_positions_;  // tokens each lane has cached, to check start_pos
   std::atomic<int> failures_to_inject_{0};
   std::atomic<int64_t> forwards_{0};
+  std::atomic<int64_t> step_delay_us_{0};
 };
 
 }  // namespace ninfer
