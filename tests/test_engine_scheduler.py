@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from toy_engine import VOCAB, collect, make_engine, run_one, submit_ok, wait_events, wait_until
 
 
@@ -98,7 +99,9 @@ def test_pages_return_after_cancel_mid_prefill_and_mid_decode():
     decoding = submit_ok(engine, [6, 7], 1500)
     seen_tokens = 0
     while seen_tokens < 3:
-        seen_tokens += sum(len(e.token_ids) for e in wait_events(engine) if e.request_id == decoding)
+        seen_tokens += sum(
+            len(e.token_ids) for e in wait_events(engine) if e.request_id == decoding
+        )
     stats = engine.stats()
     assert stats["kv_pages_free"] < total
     assert stats["running"] == 2
@@ -119,7 +122,9 @@ def test_pages_return_after_cancel_mid_prefill_and_mid_decode():
 def test_pages_return_after_requests_finish():
     engine = make_engine(max_concurrency=3, max_context=300)
     total = engine.stats()["kv_pages_total"]
-    ids = [submit_ok(engine, [1] * n, 250 - n, temperature=0.0, ignore_eos=True) for n in (1, 70, 200)]
+    ids = [
+        submit_ok(engine, [1] * n, 250 - n, temperature=0.0, ignore_eos=True) for n in (1, 70, 200)
+    ]
     outcomes = collect(engine, ids)
     assert [o.final.finish_reason for o in outcomes.values()] == ["length"] * 3
     assert engine.stats()["kv_pages_free"] == total

@@ -153,7 +153,9 @@ class RequestHandle:
                 if core_event.finish_reason == "cancelled":
                     self._fail_admission(EngineUnavailable("request was cancelled"))
                 else:
-                    self._fail_admission(EngineUnavailable(core_event.error or "engine unavailable"))
+                    self._fail_admission(
+                        EngineUnavailable(core_event.error or "engine unavailable")
+                    )
             return
         self._events.put_nowait(_to_event(core_event))
 
