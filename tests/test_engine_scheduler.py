@@ -79,15 +79,21 @@ def test_prefill_chunk_size_does_not_change_outputs(chunk):
 
 def test_decode_batch_forms_while_requests_overlap():
     engine = make_engine(max_concurrency=4)
-    ids = [submit_ok(engine, [i + 1, 2, 3], 40, temperature=0.0) for i in range(4)]
-    collect(engine, ids)
+    # A slow first step holds the worker while the four requests queue up behind it.
+    engine.toy_set_step_delay_us(50_000)
+    blocker = submit_ok(engine, [9], 1)
+    wait_until(lambda: engine.stats()["running"] == 1)
+    ids = [submit_ok(engine, [i + 1, 2, 3], 40, temperature=0.0, ignore_eos=True) for i in range(4)]
+    engine.toy_set_step_delay_us(0)
+    collect(engine, [blocker, *ids])
     stats = engine.stats()
     engine.shutdown()
-    assert stats["tokens_decoded"] == 160
-    # 156 decode rows (each request's first token comes from prefill) in far fewer steps.
+    assert stats["tokens_decoded"] == 161
+    # 156 decode rows (each request's first token comes from prefill): one prefill step for
+    # all four, then 39 steps of four rows each.
     assert stats["decode_rows"] == 156
-    assert stats["steps"] < 100
-    assert stats["tokens_prefilled"] == 12
+    assert stats["steps"] == 1 + 1 + 39
+    assert stats["tokens_prefilled"] == 13
 
 
 def test_pages_return_after_cancel_mid_prefill_and_mid_decode():
