@@ -253,6 +253,7 @@ def test_failed_step_fails_its_requests_and_engine_recovers():
 def test_eight_failures_in_a_row_stop_the_engine():
     engine = make_engine(max_concurrency=1, max_pending=16)
     engine.toy_fail_next_forwards(8)
+    engine.toy_set_step_delay_us(20_000)  # all ten are queued before the eighth failure
     ids = [submit_ok(engine, [1, 2], 3) for _ in range(10)]
     outcomes = collect(engine, ids)
     assert all(o.final.finish_reason == "error" for o in outcomes.values())
