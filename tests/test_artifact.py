@@ -141,7 +141,10 @@ def test_writer_refuses_mismatched_data(tmp_path: Path) -> None:
         writer.write("a", np.zeros((2, 2), np.float64))
     with pytest.raises(ValueError, match="needs 16"):
         writer.write("a", b"\0" * 12)
-    with pytest.raises(ValueError, match="never written"):
+    writer.write_part("a", b"\0" * 12)
+    with pytest.raises(ValueError, match="more than its 16 bytes"):
+        writer.write_part("a", b"\0" * 8)
+    with pytest.raises(ValueError, match="not fully written"):
         writer.close()
     assert not (tmp_path / "x.ninfer").exists() and not (tmp_path / "x.ninfer.partial").exists()
 
