@@ -12,7 +12,7 @@ from ninfer.artifact.layout import Q8_0_BLOCK
 TARGET_DTYPES = ("keep", "f32", "bf16", "q8_0")
 # Source arrays are numpy arrays in one of these element encodings (bf16 as uint16 bits).
 SOURCE_NUMPY = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
-_CHUNK_ELEMENTS = 1 << 24  # ~64 MB of float32 per step bounds memory on huge embeddings
+_CHUNK_ELEMENTS = 1 << 22  # 16 MB of float32 per step bounds memory on huge embeddings
 
 
 def stored_dtype(shape: tuple[int, ...], source: str, requested: str) -> str:
@@ -52,13 +52,23 @@ def encode(array: np.ndarray, source: str, target: str) -> np.ndarray:
     raise ValueError(f"cannot store {source} as {target}")
 
 
+def row_ranges(shape: tuple[int, ...]) -> Iterator[tuple[int, int]]:
+    """[start, stop) blocks of leading-axis rows of about _CHUNK_ELEMENTS elements each."""
+    if len(shape) < 2:
+        yield 0, shape[0] if shape else 1
+        return
+    per_row = max(1, int(np.prod(shape[1:])))
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // per_row)
+    for start in range(0, shape[0], rows_per_chunk):
+        yield start, min(start + rows_per_chunk, shape[0])
+
+
 def row_chunks(array: np.ndarray) -> Iterator[np.ndarray]:
     if array.ndim < 2:
         yield array
         return
-    rows_per_chunk = max(1, _CHUNK_ELEMENTS // max(1, int(np.prod(array.shape[1:]))))
-    for start in range(0, array.shape[0], rows_per_chunk):
-        yield array[start : start + rows_per_chunk]
+    for start, stop in row_ranges(array.shape):
+        yield array[start:stop]
 
 
 def write_encoded(writer: ArtifactWriter, name: str, array: np.ndarray, source: str,
