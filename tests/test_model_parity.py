@@ -174,7 +174,10 @@ def test_greedy_generation_matches_transformers(case):
     new_tokens = 64
     with torch.no_grad():
         ref = model.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
         )[0, len(prompt) :].tolist()
     runner = _core.ModelRunner(str(artifact), max_lanes=1, max_batch_tokens=64, threads=2)
     logits = runner.forward(0, 0, prompt)

@@ -74,13 +74,16 @@ RopeTable RopeScaling::table(int64_t seq_len) const {
     const double old_len = param("original_max_position_embeddings");
     const double low_wavelen = old_len / low, high_wavelen = old_len / high;
     out.inv_freq = base_frequencies(theta_, dim);
+    // Float32 arithmetic step by step, as HF's tensor expression evaluates it.
+    const auto f_factor = static_cast<float>(factor), f_low = static_cast<float>(low);
+    const auto f_old_len = static_cast<float>(old_len), f_span = static_cast<float>(high - low);
     for (auto& f : out.inv_freq) {
       const float wavelen = static_cast<float>(2.0 * std::numbers::pi) / f;
       if (wavelen > low_wavelen) {
-        f = static_cast<float>(f / factor);
+        f = f / f_factor;
       } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_len / wavelen - low) / (high - low);
-        f = static_cast<float>((1.0 - smooth) * f / factor + smooth * f);
+        const float smooth = (f_old_len / wavelen - f_low) / f_span;
+        f = (1.0f - smooth) * f / f_factor + smooth * f;
       }
     }
   } else if (type_ == "yarn") {
