@@ -18,13 +18,15 @@ EngineOptions resolve_options(EngineOptions options, int64_t model_max_positions
 std::unique_ptr<Engine> make_toy_engine(int64_t vocab_size, std::vector<std::string> token_bytes,
                                         EngineOptions options, ToyModel** toy = nullptr);
 
-// An engine over the artifact's model. `eos_ids` empty = the artifact's tokenizer.eos_token_ids.
-struct ModelRuntimeOptions {
+// Where and how the model runs.
+struct RuntimeOptions {
   int threads = 0;
   std::string device = "cpu";
 };
+// An engine over the artifact's model; options.eos_ids empty = the artifact's
+// tokenizer.eos_token_ids. Throws ArtifactError / std::runtime_error with the reason.
 std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOptions options,
                                     std::vector<std::string> token_bytes,
-                                    const ModelRuntimeOptions& runtime);
+                                    const RuntimeOptions& runtime);
 
 }  // namespace ninfer
