@@ -136,7 +136,7 @@ def test_stop_token_id_and_eos():
     engine = make_engine(eos_ids=[first])
     out = run_one(engine, PROMPT, 60, temperature=0.0)
     assert out.tokens == [first] and out.text == b""
-    assert out.final.finish_reason == "stop" and out.final.stop_reason is None
+    assert out.final.finish_reason == "stop" and out.final.stop_reason == first
     assert out.events[-1].stop_kind == "eos" and out.events[-1].stop_token == first
 
     # min_tokens masks eos until enough tokens exist: the first token is then the runner-up.

@@ -76,8 +76,8 @@ py::str utf8_or_replace(const std::string& s) {
 py::object stop_reason(const EngineEvent& e) {
   switch (e.stop_kind) {
     case StopKind::String: return utf8_or_replace(e.stop_string);
-    case StopKind::TokenId: return py::int_(e.stop_token);
-    case StopKind::Eos:
+    case StopKind::TokenId:
+    case StopKind::Eos: return py::int_(e.stop_token);
     case StopKind::None: return py::none();
   }
   return py::none();

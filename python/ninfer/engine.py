@@ -13,6 +13,11 @@ Handle semantics (the server codes against these):
     EngineEvents until one with finished=True.
   * `handle.cancel()` is idempotent and immediate; a running request then ends with a
     finish_reason "cancelled" event. Dropping a handle that has not finished cancels it.
+  * A finished event's stop_reason is the matched stop string, or the token id (an eos id or
+    one of the request's stop_token_ids) for finish_reason "stop"; None otherwise. token_ids
+    include a stop token, whose text is withheld; completion_tokens counts it.
+  * Engine shutdown or failure ends running requests with finish_reason "error" (and
+    `error` set); pending ones raise EngineUnavailable from admitted().
 """
 
 from __future__ import annotations
