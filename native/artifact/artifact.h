@@ -61,6 +61,7 @@ class Artifact {
 
   const std::string& path() const { return path_; }
   const json::Value& header() const { return header_; }
+  std::string_view header_json() const { return header_text_; }  // the raw header bytes
   const json::Value& config() const { return header_["config"]; }
   std::string architecture() const { return header_["architecture"].as_string(); }
   uint64_t file_size() const { return size_; }
@@ -70,12 +71,14 @@ class Artifact {
   const TensorView& tensor(std::string_view name) const;  // throws ArtifactError if absent
   bool has_resource(std::string_view name) const;
   std::string_view resource(std::string_view name) const;  // throws ArtifactError if absent
+  std::vector<std::string> resource_names() const;         // in header order
 
  private:
   Artifact() = default;
   std::string path_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  std::string_view header_text_;  // points into the mapping
   json::Value header_;
   std::vector<TensorView> tensors_;
   std::unordered_map<std::string, size_t> tensor_index_;

@@ -1,7 +1,369 @@
+// Python view of the engine room: Engine (toy or artifact-backed), its options, events and
+// submit results, plus the Sampler and StopMatcher for unit tests.
+//
+// Every call that may wait on the engine's lock or the worker releases the GIL; the worker
+// itself never touches Python.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <optional>
+#include <variant>
+
 #include "bindings/bindings.h"
+#include "engine/engine.h"
+#include "engine/engine_factory.h"
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+#include "models/toy_model.h"
+
+namespace py = pybind11;
 
 namespace ninfer::bindings {
 
-void bind_engine(pybind11::module_& m) {}  // placeholder until the engine room lands
+namespace {
+
+// The Python handle: the engine plus, for toy engines, the model's test hooks.
+struct PyEngine {
+  std::unique_ptr<Engine> engine;
+  ToyModel* toy = nullptr;
+};
+
+std::vector<std::string> bytes_list(const std::vector<py::bytes>& items) {
+  std::vector<std::string> out;
+  out.reserve(items.size());
+  for (const auto& b : items) out.emplace_back(b);
+  return out;
+}
+
+// Stop strings arrive as str (UTF-8 encoded here) or bytes.
+std::vector<std::string> stop_list(const py::iterable& items) {
+  std::vector<std::string> out;
+  for (const auto& item : items) {
+    if (py::isinstance<py::bytes>(item)) out.emplace_back(item.cast<py::bytes>());
+    else out.push_back(item.cast<std::string>());
+  }
+  return out;
+}
+
+const char* status_name(SubmitStatus s) {
+  switch (s) {
+    case SubmitStatus::Accepted: return "accepted";
+    case SubmitStatus::Overloaded: return "overloaded";
+    case SubmitStatus::ContextExceeded: return "context_exceeded";
+    case SubmitStatus::InvalidRequest: return "invalid";
+    case SubmitStatus::Unavailable: return "unavailable";
+  }
+  return "?";
+}
+
+const char* kind_name(EventKind k) {
+  switch (k) {
+    case EventKind::Admitted: return "admitted";
+    case EventKind::Output: return "output";
+    case EventKind::QueueTimeout: return "queue_timeout";
+  }
+  return "?";
+}
+
+// Stop strings come from Python str (valid UTF-8); bytes given by tests may not be.
+py::str utf8_or_replace(const std::string& s) {
+  PyObject* obj = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (!obj) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(obj);
+}
+
+py::object stop_reason(const EngineEvent& e) {
+  switch (e.stop_kind) {
+    case StopKind::String: return utf8_or_replace(e.stop_string);
+    case StopKind::TokenId:
+    case StopKind::Eos: return py::int_(e.stop_token);
+    case StopKind::None: return py::none();
+  }
+  return py::none();
+}
+
+py::dict info_dict(const ModelInfo& info) {
+  py::dict d;
+  d["architecture"] = info.architecture;
+  d["vocab_size"] = info.vocab_size;
+  d["hidden_size"] = info.hidden_size;
+  d["num_layers"] = info.num_layers;
+  d["num_kv_layers"] = info.num_kv_layers;
+  d["num_kv_heads"] = info.num_kv_heads;
+  d["head_dim"] = info.head_dim;
+  d["max_position_embeddings"] = info.max_position_embeddings;
+  d["num_params"] = info.num_params;
+  d["weight_bytes"] = info.weight_bytes;
+  d["weight_format"] = info.weight_format;
+  return d;
+}
+
+py::dict stats_dict(const EngineStats& s) {
+  py::dict d;
+  d["lanes"] = s.lanes;
+  d["running"] = s.running;
+  d["pending"] = s.pending;
+  d["kv_pages_total"] = s.kv_pages_total;
+  d["kv_pages_free"] = s.kv_pages_free;
+  d["requests_admitted"] = s.requests_admitted;
+  d["requests_finished"] = s.requests_finished;
+  d["tokens_prefilled"] = s.tokens_prefilled;
+  d["tokens_decoded"] = s.tokens_decoded;
+  d["steps"] = s.steps;
+  d["decode_rows"] = s.decode_rows;
+  d["consecutive_failures"] = s.consecutive_failures;
+  d["healthy"] = s.healthy;
+  return d;
+}
+
+SamplingParams make_sampling(float temperature, float top_p, int32_t top_k, float min_p,
+                             float presence_penalty, float frequency_penalty, std::optional<uint64_t> seed) {
+  SamplingParams s;
+  s.temperature = temperature;
+  s.top_p = top_p;
+  s.top_k = top_k;
+  s.min_p = min_p;
+  s.presence_penalty = presence_penalty;
+  s.frequency_penalty = frequency_penalty;
+  s.seed = seed;
+  return s;
+}
+
+EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t prefill_chunk, int32_t max_pending,
+                           int64_t pending_timeout_ms, std::vector<int32_t> eos_ids) {
+  EngineOptions o;
+  o.max_concurrency = max_concurrency;
+  o.max_context = max_context;
+  o.prefill_chunk = prefill_chunk;
+  o.max_pending = max_pending;
+  o.pending_timeout_ms = pending_timeout_ms;
+  o.eos_ids = std::move(eos_ids);
+  return o;
+}
+
+void bind_events(py::module_& m) {
+  py::class_<SubmitResult>(m, "SubmitResult")
+      .def_property_readonly("status", [](const SubmitResult& r) { return status_name(r.status); })
+      .def_property_readonly("accepted", [](const SubmitResult& r) { return r.status == SubmitStatus::Accepted; })
+      .def_readonly("request_id", &SubmitResult::request_id)
+      .def_readonly("message", &SubmitResult::message)
+      .def_readonly("prompt_tokens", &SubmitResult::prompt_tokens)
+      .def_readonly("max_context", &SubmitResult::max_context)
+      .def("__repr__", [](const SubmitResult& r) {
+        return "<SubmitResult " + std::string(status_name(r.status)) + " id=" + std::to_string(r.request_id) +
+               (r.message.empty() ? "" : " " + r.message) + ">";
+      });
+
+  py::class_<EngineEvent>(m, "EngineEvent")
+      .def_readonly("request_id", &EngineEvent::request_id)
+      .def_property_readonly("kind", [](const EngineEvent& e) { return kind_name(e.kind); })
+      .def_readonly("token_ids", &EngineEvent::token_ids)
+      .def_property_readonly("text", [](const EngineEvent& e) { return py::bytes(e.text); })
+      .def_readonly("finished", &EngineEvent::finished)
+      .def_property_readonly("finish_reason", [](const EngineEvent& e) -> py::object {
+        if (e.finish_reason == FinishReason::None) return py::none();
+        return py::str(finish_reason_name(e.finish_reason));
+      })
+      .def_property_readonly("stop_reason", &stop_reason)
+      .def_property_readonly("stop_kind", [](const EngineEvent& e) -> py::object {
+        switch (e.stop_kind) {
+          case StopKind::Eos: return py::str("eos");
+          case StopKind::TokenId: return py::str("token");
+          case StopKind::String: return py::str("string");
+          case StopKind::None: break;
+        }
+        return py::none();
+      })
+      .def_property_readonly("stop_token", [](const EngineEvent& e) -> py::object {
+        if (e.stop_token < 0) return py::none();
+        return py::int_(e.stop_token);
+      })
+      .def_readonly("prompt_tokens", &EngineEvent::prompt_tokens)
+      .def_readonly("completion_tokens", &EngineEvent::completion_tokens)
+      .def_property_readonly("queue_ms", [](const EngineEvent& e) { return e.timings.queue_ms; })
+      .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
+      .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
+      .def_property_readonly("error", [](const EngineEvent& e) -> py::object {
+        if (e.error.empty()) return py::none();
+        return py::str(e.error);
+      })
+      .def("__repr__", [](const EngineEvent& e) {
+        return "<EngineEvent id=" + std::to_string(e.request_id) + " " + kind_name(e.kind) +
+               " tokens=" + std::to_string(e.token_ids.size()) + (e.finished ? " finished " : "") +
+               finish_reason_name(e.finish_reason) + ">";
+      });
+}
+
+void bind_engine_class(py::module_& m) {
+  py::class_<EngineOptions>(m, "EngineOptions")
+      .def(py::init(&make_options), py::kw_only(), py::arg("max_concurrency") = 1, py::arg("max_context") = 0,
+           py::arg("prefill_chunk") = 512, py::arg("max_pending") = 16, py::arg("pending_timeout_ms") = 0,
+           py::arg("eos_ids") = std::vector<int32_t>{})
+      .def_readwrite("max_concurrency", &EngineOptions::max_concurrency)
+      .def_readwrite("max_context", &EngineOptions::max_context)
+      .def_readwrite("prefill_chunk", &EngineOptions::prefill_chunk)
+      .def_readwrite("max_pending", &EngineOptions::max_pending)
+      .def_readwrite("pending_timeout_ms", &EngineOptions::pending_timeout_ms)
+      .def_readwrite("eos_ids", &EngineOptions::eos_ids);
+
+  py::class_<PyEngine>(m, "Engine")
+      .def_static(
+          "toy",
+          [](int64_t vocab_size, const std::vector<py::bytes>& token_bytes, const EngineOptions& options) {
+            auto bytes = bytes_list(token_bytes);
+            py::gil_scoped_release release;
+            PyEngine e;
+            e.engine = make_toy_engine(vocab_size, std::move(bytes), options, &e.toy);
+            return e;
+          },
+          py::arg("vocab_size"), py::arg("token_bytes"), py::arg("options"),
+          "An engine over the weightless deterministic ToyModel (tests).")
+      .def_static(
+          "open",
+          [](const std::string& artifact_path, const EngineOptions& options, const std::vector<py::bytes>& token_bytes,
+             std::optional<std::vector<int32_t>> eos_ids, int threads, const std::string& device) {
+            auto bytes = bytes_list(token_bytes);
+            EngineOptions resolved = options;
+            if (eos_ids) resolved.eos_ids = *eos_ids;
+            RuntimeOptions runtime;
+            runtime.threads = threads;
+            runtime.device = device;
+            py::gil_scoped_release release;
+            PyEngine e;
+            e.engine = open_engine(artifact_path, std::move(resolved), std::move(bytes), runtime);
+            return e;
+          },
+          py::arg("artifact_path"), py::arg("options"), py::arg("token_bytes"), py::arg("eos_ids") = py::none(),
+          py::arg("threads") = 0, py::arg("device") = "cpu",
+          "An engine over a .ninfer artifact's model. eos_ids None = options.eos_ids, or the artifact's own.")
+      .def(
+          "submit",
+          [](PyEngine& self, std::vector<int32_t> prompt_ids, int32_t max_tokens, float temperature, float top_p,
+             int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
+             std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
+             bool ignore_eos, int32_t min_tokens) {
+            GenerationParams p;
+            p.prompt = std::move(prompt_ids);
+            p.max_tokens = max_tokens;
+            p.sampling = make_sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, seed);
+            p.stop_token_ids = std::move(stop_token_ids);
+            p.stop_strings = stop_list(stop_strings);
+            p.ignore_eos = ignore_eos;
+            p.min_tokens = min_tokens;
+            py::gil_scoped_release release;
+            return self.engine->submit(std::move(p));
+          },
+          py::arg("prompt_ids"), py::arg("max_tokens"), py::kw_only(), py::arg("temperature") = 1.0f,
+          py::arg("top_p") = 1.0f, py::arg("top_k") = 0, py::arg("min_p") = 0.0f, py::arg("presence_penalty") = 0.0f,
+          py::arg("frequency_penalty") = 0.0f, py::arg("seed") = py::none(),
+          py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
+          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0)
+      .def(
+          "cancel", [](PyEngine& self, uint64_t id) { self.engine->cancel(id); }, py::arg("request_id"),
+          py::call_guard<py::gil_scoped_release>())
+      .def("drain_events",
+           [](PyEngine& self) {
+             std::vector<EngineEvent> events;
+             {
+               py::gil_scoped_release release;
+               events = self.engine->drain_events();
+             }
+             return events;
+           })
+      .def_property_readonly("event_fd", [](const PyEngine& self) { return self.engine->event_fd(); })
+      .def("stats",
+           [](const PyEngine& self) {
+             EngineStats s;
+             {
+               py::gil_scoped_release release;
+               s = self.engine->stats();
+             }
+             return stats_dict(s);
+           })
+      .def_property_readonly("healthy", [](const PyEngine& self) { return self.engine->healthy(); })
+      .def_property_readonly("max_context", [](const PyEngine& self) { return self.engine->options().max_context; })
+      .def_property_readonly("max_concurrency",
+                             [](const PyEngine& self) { return self.engine->options().max_concurrency; })
+      .def_property_readonly("eos_ids", [](const PyEngine& self) { return self.engine->options().eos_ids; })
+      .def_property_readonly("model_info", [](const PyEngine& self) { return info_dict(self.engine->model_info()); })
+      .def("shutdown", [](PyEngine& self) { self.engine->shutdown(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "toy_fail_next_forwards",
+          [](PyEngine& self, int count) {
+            if (!self.toy) throw py::value_error("only toy engines have injectable failures");
+            self.toy->fail_next_forwards(count);
+          },
+          py::arg("count"))
+      .def(
+          "toy_set_step_delay_us",
+          [](PyEngine& self, int64_t us) {
+            if (!self.toy) throw py::value_error("only toy engines have a step delay");
+            self.toy->set_step_delay_us(us);
+          },
+          py::arg("microseconds"));
+}
+
+void bind_sampling_tools(py::module_& m) {
+  py::class_<Sampler>(m, "Sampler")
+      .def(py::init([](float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
+                       float frequency_penalty, uint64_t seed) {
+             return Sampler(make_sampling(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, seed),
+                            seed);
+           }),
+           py::kw_only(), py::arg("temperature") = 1.0f, py::arg("top_p") = 1.0f, py::arg("top_k") = 0,
+           py::arg("min_p") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("frequency_penalty") = 0.0f,
+           py::arg("seed") = 0)
+      .def(
+          "sample",
+          [](Sampler& self, py::array_t<float, py::array::c_style | py::array::forcecast> logits,
+             const std::unordered_map<int32_t, int32_t>& generated, const std::vector<int32_t>& suppressed) {
+            std::vector<float> scratch(logits.data(), logits.data() + logits.size());
+            TokenCounts counts(generated.begin(), generated.end());
+            py::gil_scoped_release release;
+            return self.sample(scratch, counts, suppressed);
+          },
+          py::arg("logits"), py::arg("generated") = std::unordered_map<int32_t, int32_t>{},
+          py::arg("suppressed") = std::vector<int32_t>{})
+      .def(
+          "sample_many",
+          [](Sampler& self, py::array_t<float, py::array::c_style | py::array::forcecast> logits, int64_t draws,
+             const std::unordered_map<int32_t, int32_t>& generated) {
+            if (draws < 0) throw py::value_error("draws must not be negative");
+            std::vector<float> source(logits.data(), logits.data() + logits.size());
+            TokenCounts counts(generated.begin(), generated.end());
+            py::array_t<int32_t> out(draws);
+            auto* dst = out.mutable_data();
+            py::gil_scoped_release release;
+            std::vector<float> scratch;
+            for (int64_t i = 0; i < draws; ++i) {
+              scratch = source;
+              dst[i] = self.sample(scratch, counts, {});
+            }
+            return out;
+          },
+          py::arg("logits"), py::arg("draws"), py::arg("generated") = std::unordered_map<int32_t, int32_t>{});
+
+  py::class_<StopMatcher>(m, "StopMatcher")
+      .def(py::init([](const py::iterable& stops) { return StopMatcher(stop_list(stops)); }), py::arg("stops"))
+      .def(
+          "push",
+          [](StopMatcher& self, const py::bytes& data, bool may_match) {
+            auto r = self.push(std::string(data), may_match);
+            py::object matched = r.matched ? py::object(py::int_(*r.matched)) : py::object(py::none());
+            return py::make_tuple(py::bytes(r.released), matched);
+          },
+          py::arg("data"), py::arg("may_match") = true)
+      .def("flush", [](StopMatcher& self) { return py::bytes(self.flush()); })
+      .def_property_readonly("held_bytes", &StopMatcher::held_bytes);
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  bind_events(m);
+  bind_engine_class(m);
+  bind_sampling_tools(m);
+}
 
 }  // namespace ninfer::bindings

@@ -41,15 +41,18 @@ struct SeqSlice {
   const int32_t* page_table = nullptr;  // KV page ids covering [0, start_pos + num_tokens)
   int32_t num_pages = 0;
   bool wants_logits = false;       // produce logits for the slice's last token
+  bool all_logits = false;         // produce logits for every token of the slice, in order
+                                   // (speculative verification, tests); implies wants_logits
+  int32_t logit_rows() const { return all_logits ? num_tokens : (wants_logits ? 1 : 0); }
 };
 
 struct BatchPlan {
   std::span<const int32_t> tokens;  // all slices' tokens, slice after slice
   std::vector<SeqSlice> slices;
-  // Number of slices with wants_logits; logits rows are written in slice order.
+  // Rows of logits the plan asks for; they are written in slice order.
   int num_logit_rows() const {
     int n = 0;
-    for (const auto& s : slices) n += s.wants_logits ? 1 : 0;
+    for (const auto& s : slices) n += s.logit_rows();
     return n;
   }
 };

@@ -1,0 +1,176 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "artifact/artifact.h"
+#include "backends/cpu/float_convert.h"
+
+namespace ninfer {
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<cpu::CpuBackend>(threads);
+}
+
+namespace cpu {
+
+namespace {
+
+constexpr int64_t kElementwiseGrain = 1 << 14;  // below this, threading costs more than it saves
+
+void convert_row(DType dtype, const void* src, int64_t cols, float* dst) {
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(cols) * sizeof(float));
+      return;
+    case DType::F16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < cols; ++i) dst[i] = f16_to_f32(h[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < cols; ++i) dst[i] = bf16_to_f32(h[i]);
+      return;
+    }
+    case DType::Q8_0: {
+      const auto* blocks = static_cast<const uint8_t*>(src);
+      for (int64_t b = 0; b < cols / kQ8BlockSize; ++b) {
+        const uint8_t* block = blocks + b * kQ8BlockBytes;
+        uint16_t scale_bits;
+        std::memcpy(&scale_bits, block, 2);
+        const float scale = f16_to_f32(scale_bits);
+        const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+        for (int l = 0; l < kQ8BlockSize; ++l) dst[b * kQ8BlockSize + l] = scale * q[l];
+      }
+      return;
+    }
+    case DType::I32: break;
+  }
+  throw std::runtime_error("cannot convert a " + std::string(dtype_name(dtype)) + " row to f32");
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int threads) : pool_(threads) {}
+
+Buffer CpuBackend::alloc(int64_t elements) {
+  if (elements < 0) throw std::invalid_argument("CpuBackend::alloc: negative size");
+  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(elements, 1)) * sizeof(float) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  return Buffer(std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); }), elements);
+}
+
+Weight CpuBackend::upload_weight(const TensorView& t) {
+  if (t.shape.empty() || t.shape.size() > 2)
+    throw std::runtime_error("tensor '" + t.name + "': a weight must be 1-D or 2-D");
+  if (t.dtype == DType::I32)
+    throw std::runtime_error("tensor '" + t.name + "': i32 is not a weight format");
+  Weight w{t.dtype, t.shape.size() == 2 ? t.shape[0] : 1, t.shape.back(), t.data};
+  if (w.dtype == DType::Q8_0 && w.cols % kQ8BlockSize != 0)
+    throw std::runtime_error("tensor '" + t.name + "': q8_0 rows must be a multiple of 32");
+  if (static_cast<uint64_t>(row_bytes(w.dtype, w.cols) * w.rows) != t.nbytes)
+    throw std::runtime_error("tensor '" + t.name + "': byte size does not match its shape");
+  return w;
+}
+
+Buffer CpuBackend::upload_vector(const TensorView& t) {
+  if (t.shape.size() != 1)
+    throw std::runtime_error("tensor '" + t.name + "': expected a 1-D tensor");
+  const Weight w = upload_weight(t);
+  Buffer out = alloc(w.cols);
+  convert_row(w.dtype, w.data, w.cols, out.data());
+  return out;
+}
+
+void CpuBackend::copy_from_host(float* dst, const float* src, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+void CpuBackend::copy_to_host(float* dst, const float* src, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+void CpuBackend::embedding(const Weight& table, std::span<const int32_t> tokens, float* out) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= table.rows)
+      throw std::out_of_range("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
+                              std::to_string(table.rows) + ")");
+  const int64_t stride = row_bytes(table.dtype, table.cols);
+  pool_.parallel_ranges(static_cast<int64_t>(tokens.size()), 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      convert_row(table.dtype, static_cast<const uint8_t*>(table.data) + tokens[i] * stride, table.cols,
+                  out + i * table.cols);
+  });
+}
+
+void CpuBackend::rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
+                          float* y) {
+  const auto& k = cpu_kernels();
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1));
+  pool_.parallel_ranges(rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * cols;
+      float* yr = y + r * cols;
+      const float mean_square = k.dot(xr, xr, cols) / static_cast<float>(cols);
+      const float inv = 1.0f / std::sqrt(mean_square + eps);
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * inv * weight[c];
+    }
+  });
+}
+
+void CpuBackend::rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                      std::span<const int32_t> positions, std::span<const float> inv_freq,
+                      float attention_factor) {
+  const int64_t half = rotary_dim / 2;
+  if (rotary_dim % 2 != 0 || rotary_dim > head_dim || static_cast<int64_t>(inv_freq.size()) != half)
+    throw std::invalid_argument("rope: rotary_dim must be even, <= head_dim, and match inv_freq");
+  const int64_t tokens = static_cast<int64_t>(positions.size());
+  pool_.parallel_ranges(tokens, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        // The angle is rounded to float32 as Hugging Face computes it; cos/sin then exact.
+        const double angle = static_cast<float>(positions[t]) * inv_freq[i];
+        cos_t[i] = static_cast<float>(std::cos(angle)) * attention_factor;
+        sin_t[i] = static_cast<float>(std::sin(angle)) * attention_factor;
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + (t * heads + h) * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * cos_t[i] - b * sin_t[i];
+          v[i + half] = b * cos_t[i] + a * sin_t[i];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  pool_.parallel_ranges(n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+void CpuBackend::add(float* y, const float* x, int64_t n) {
+  pool_.parallel_ranges(n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] += x[i];
+  });
+}
+
+void CpuBackend::gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(dst + static_cast<int64_t>(i) * cols, src + static_cast<int64_t>(rows[i]) * cols,
+                static_cast<size_t>(cols) * sizeof(float));
+}
+
+}  // namespace cpu
+}  // namespace ninfer

@@ -1,0 +1,48 @@
+// The CPU implementation of the Backend op set: f32 activations in host memory, weights used
+// in place from the artifact mapping, work spread over a persistent thread pool.
+#pragma once
+
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/kernels.h"
+#include "common/thread_pool.h"
+
+namespace ninfer::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads);
+
+  std::string name() const override { return "cpu"; }
+  int threads() const { return pool_.size(); }
+
+  Buffer alloc(int64_t elements) override;
+  Weight upload_weight(const TensorView& tensor) override;
+  Buffer upload_vector(const TensorView& tensor) override;
+  void copy_from_host(float* dst, const float* src, int64_t elements) override;
+  void copy_to_host(float* dst, const float* src, int64_t elements) override;
+  void synchronize() override {}
+
+  void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
+  void embedding(const Weight& table, std::span<const int32_t> tokens, float* out) override;
+  void rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
+                float* y) override;
+  void rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+            std::span<const int32_t> positions, std::span<const float> inv_freq,
+            float attention_factor) override;
+  void kv_write(KvPool& kv, int64_t layer, const float* k, const float* v,
+                std::span<const AttentionSlice> slices) override;
+  void attention(KvPool& kv, int64_t layer, const float* q, std::span<const AttentionSlice> slices,
+                 const AttentionShape& shape, float* out) override;
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows,
+                   float* dst) override;
+
+ private:
+  ThreadPool pool_;
+  std::vector<BlockQ8Act> quantized_x_;  // scratch: activation rows quantized for q8_0 matmuls
+};
+
+}  // namespace ninfer::cpu

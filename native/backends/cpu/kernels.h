@@ -1,0 +1,50 @@
+// Inner kernels of the CPU backend, in a portable and an AVX2/FMA flavour.
+//
+// The backend calls them through the table that `cpu_kernels()` returns, which is chosen once
+// from the CPU's features; tests can force the portable table to check both paths.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace ninfer::cpu {
+
+// An activation row quantized for int8 dot products with Q8_0 weights: 32 values per block,
+// float32 scale (the weights keep their fp16 scale).
+struct BlockQ8Act {
+  float scale;
+  int8_t q[32];
+};
+
+// Computes y[i * ldy + j] = dot(x row i, w row j) for i < m, j < n over k elements.
+// x rows are `x_stride` elements apart (BlockQ8Act blocks for q8_0), w rows `w_row_bytes` apart.
+using MatmulTileF32 = void (*)(const float* x, int64_t x_stride, int64_t m, const void* w,
+                               int64_t w_row_bytes, int64_t n, int64_t k, float* y, int64_t ldy);
+using MatmulTileQ8 = void (*)(const BlockQ8Act* x, int64_t x_stride_blocks, int64_t m,
+                              const void* w, int64_t w_row_bytes, int64_t n, int64_t k, float* y,
+                              int64_t ldy);
+
+struct CpuKernels {
+  std::string_view name;
+  MatmulTileF32 tile_f32;
+  MatmulTileF32 tile_f16;
+  MatmulTileF32 tile_bf16;
+  MatmulTileQ8 tile_q8_0;
+  void (*quantize_row_q8)(const float* x, int64_t k, BlockQ8Act* out);  // k % 32 == 0
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*scale_add)(float* y, const float* x, float a, int64_t n);  // y = y + a * x
+  void (*scale)(float* y, float a, int64_t n);                      // y = a * y
+};
+
+extern const CpuKernels kScalarKernels;
+#if NINFER_HAVE_AVX2_KERNELS
+extern const CpuKernels kAvx2Kernels;
+#endif
+
+// The active table. Initially AVX2 when the CPU supports it and NINFER_CPU_KERNELS is not
+// "scalar"; `select_cpu_kernels` switches it ("auto", "scalar" or "avx2"; throws for a name
+// this build or CPU cannot run).
+const CpuKernels& cpu_kernels();
+void select_cpu_kernels(std::string_view name);
+
+}  // namespace ninfer::cpu

@@ -1,0 +1,154 @@
+// A minimal single-process driver of a Model for tests and benchmarks: owns the artifact, a
+// KV pool and one page table per lane, and runs plans built from Python lists.
+// The engine has its own scheduler; this exists so model numerics can be checked directly.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "artifact/artifact.h"
+#include "bindings/bindings.h"
+#include "cache/kv_pool.h"
+#include "models/model.h"
+
+namespace py = pybind11;
+
+namespace ninfer::bindings {
+
+namespace {
+
+class ModelRunner {
+ public:
+  ModelRunner(const std::string& path, int max_lanes, int max_batch_tokens, int threads, int max_context)
+      : artifact_(Artifact::open(path)), max_context_(max_context) {
+    if (max_lanes <= 0 || max_batch_tokens <= 0 || max_context <= 0)
+      throw py::value_error("max_lanes, max_batch_tokens and max_context must be positive");
+    const KvGeometry g = kv_geometry(*artifact_);
+    const int64_t pages_per_lane = (max_context + kPageTokens - 1) / kPageTokens;
+    kv_ = std::make_unique<KvPool>(pages_per_lane * max_lanes, g.num_kv_layers, g.num_kv_heads, g.head_dim);
+    ModelOptions options;
+    options.max_lanes = max_lanes;
+    options.max_batch_tokens = max_batch_tokens;
+    options.threads = threads;
+    model_ = load_model(*artifact_, *kv_, options);
+    lanes_.resize(static_cast<size_t>(max_lanes));
+  }
+
+  const ModelInfo& info() const { return model_->info(); }
+
+  // Runs several lanes' slices in one traversal; returns logits [rows, vocab] where each slice
+  // contributes its last token's row (or all rows with all_logits).
+  py::array_t<float> forward_batch(const std::vector<std::tuple<int, int, std::vector<int32_t>>>& items,
+                                   bool all_logits) {
+    std::vector<int32_t> tokens;
+    BatchPlan plan;
+    for (const auto& [lane, start_pos, ids] : items) {
+      Lane& state = lane_at(lane);
+      if (ids.empty()) throw py::value_error("a slice needs at least one token");
+      if (start_pos < 0 || start_pos > state.length)
+        throw py::value_error("lane " + std::to_string(lane) + " holds " + std::to_string(state.length) +
+                              " tokens; start_pos " + std::to_string(start_pos) + " would leave a gap");
+      const int64_t end = static_cast<int64_t>(start_pos) + static_cast<int64_t>(ids.size());
+      if (end > max_context_)
+        throw py::value_error("lane " + std::to_string(lane) + " would exceed max_context " +
+                              std::to_string(max_context_));
+      const int64_t needed = (end + kPageTokens - 1) / kPageTokens - static_cast<int64_t>(state.pages.size());
+      if (needed > 0) {
+        auto pages = kv_->allocate(needed);
+        if (!pages) throw std::runtime_error("KV pool exhausted");
+        state.pages.insert(state.pages.end(), pages->begin(), pages->end());
+      }
+      SeqSlice slice;
+      slice.lane = lane;
+      slice.start_pos = start_pos;
+      slice.num_tokens = static_cast<int32_t>(ids.size());
+      slice.page_table = state.pages.data();
+      slice.num_pages = static_cast<int32_t>(state.pages.size());
+      slice.wants_logits = true;
+      slice.all_logits = all_logits;
+      plan.slices.push_back(slice);
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+    }
+    plan.tokens = tokens;
+    const int64_t vocab = model_->info().vocab_size;
+    py::array_t<float> logits({static_cast<py::ssize_t>(plan.num_logit_rows()), static_cast<py::ssize_t>(vocab)});
+    float* out = logits.mutable_data();
+    {
+      py::gil_scoped_release release;
+      model_->forward(plan, out);
+    }
+    for (const auto& [lane, start_pos, ids] : items)
+      lanes_[static_cast<size_t>(lane)].length = start_pos + static_cast<int64_t>(ids.size());
+    return logits;
+  }
+
+  py::array_t<float> forward(int lane, int start_pos, const std::vector<int32_t>& tokens, bool all_logits) {
+    py::array_t<float> rows = forward_batch({{lane, start_pos, tokens}}, all_logits);
+    if (all_logits) return rows;
+    return rows.attr("reshape")(py::make_tuple(info().vocab_size)).cast<py::array_t<float>>();
+  }
+
+  void reset(int lane) {
+    Lane& state = lane_at(lane);
+    kv_->release(state.pages);
+    state.pages.clear();
+    state.length = 0;
+    model_->reset_lane(lane);
+  }
+
+ private:
+  struct Lane {
+    std::vector<int32_t> pages;
+    int64_t length = 0;
+  };
+
+  Lane& lane_at(int lane) {
+    if (lane < 0 || lane >= static_cast<int>(lanes_.size()))
+      throw py::index_error("lane " + std::to_string(lane) + " is outside [0, " + std::to_string(lanes_.size()) + ")");
+    return lanes_[static_cast<size_t>(lane)];
+  }
+
+  std::unique_ptr<Artifact> artifact_;
+  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<Model> model_;
+  std::vector<Lane> lanes_;
+  int64_t max_context_;
+};
+
+py::dict info_dict(const ModelInfo& i) {
+  py::dict d;
+  d["architecture"] = i.architecture;
+  d["vocab_size"] = i.vocab_size;
+  d["hidden_size"] = i.hidden_size;
+  d["num_layers"] = i.num_layers;
+  d["num_kv_layers"] = i.num_kv_layers;
+  d["num_kv_heads"] = i.num_kv_heads;
+  d["head_dim"] = i.head_dim;
+  d["max_position_embeddings"] = i.max_position_embeddings;
+  d["num_params"] = i.num_params;
+  d["weight_bytes"] = i.weight_bytes;
+  d["weight_format"] = i.weight_format;
+  return d;
+}
+
+}  // namespace
+
+void bind_model_runner(py::module_& m) {
+  py::class_<ModelRunner>(m, "ModelRunner")
+      .def(py::init<const std::string&, int, int, int, int>(), py::arg("artifact_path"), py::arg("max_lanes") = 1,
+           py::arg("max_batch_tokens") = 512, py::arg("threads") = 0, py::arg("max_context") = 2048)
+      .def_property_readonly("info", [](const ModelRunner& r) { return info_dict(r.info()); })
+      .def("forward", &ModelRunner::forward, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
+           py::arg("all_logits") = false,
+           "Runs tokens of one lane from start_pos; returns the last token's logits [vocab] "
+           "(or [len(tokens), vocab] with all_logits).")
+      .def("forward_batch", &ModelRunner::forward_batch, py::arg("slices"), py::arg("all_logits") = false,
+           "slices: [(lane, start_pos, tokens)] in one plan; returns logits rows in slice order.")
+      .def("reset", &ModelRunner::reset, py::arg("lane"));
+}
+
+}  // namespace ninfer::bindings

@@ -1,0 +1,418 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <stdexcept>
+
+namespace ninfer {
+
+namespace {
+
+double elapsed_ms(EngineClock::time_point from, EngineClock::time_point to) {
+  if (to <= from) return 0.0;
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
+int64_t kv_pages_for(const EngineOptions& options) {
+  const int64_t pages_per_lane = (static_cast<int64_t>(options.max_context) + kPageTokens - 1) / kPageTokens;
+  return static_cast<int64_t>(options.max_concurrency) * pages_per_lane;
+}
+
+Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, EngineOptions options,
+               std::vector<std::string> token_bytes, std::shared_ptr<const void> keepalive)
+    : keepalive_(std::move(keepalive)),
+      pool_(std::move(pool)),
+      model_(std::move(model)),
+      options_(std::move(options)),
+      token_bytes_(std::move(token_bytes)),
+      vocab_size_(model_ ? model_->info().vocab_size : 0),
+      scheduler_((options_.max_concurrency >= 1 && options_.max_concurrency <= 8) ? options_.max_concurrency : 1,
+                 std::max(options_.prefill_chunk, 1), *pool_) {
+  if (!pool_ || !model_) throw std::invalid_argument("engine needs a model and a KV pool");
+  if (options_.max_concurrency < 1 || options_.max_concurrency > 8)
+    throw std::invalid_argument("max_concurrency must be between 1 and 8, got " +
+                                std::to_string(options_.max_concurrency));
+  if (options_.max_context < 1)
+    throw std::invalid_argument("max_context must be positive, got " + std::to_string(options_.max_context));
+  if (options_.prefill_chunk < 1)
+    throw std::invalid_argument("prefill_chunk must be positive, got " + std::to_string(options_.prefill_chunk));
+  if (options_.max_pending < 0)
+    throw std::invalid_argument("max_pending must not be negative, got " + std::to_string(options_.max_pending));
+  if (options_.pending_timeout_ms < 0)
+    throw std::invalid_argument("pending_timeout_ms must not be negative");
+  if (vocab_size_ < 1) throw std::invalid_argument("model reports an empty vocabulary");
+  if (pool_->free_pages() < kv_pages_for(options_))
+    throw std::invalid_argument("KV pool has " + std::to_string(pool_->free_pages()) + " pages but " +
+                                std::to_string(kv_pages_for(options_)) +
+                                " are needed for every lane to reach max_context");
+  logits_.resize(static_cast<size_t>(options_.max_concurrency * vocab_size_));
+  worker_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::string Engine::validate(const GenerationParams& p) const {
+  const auto& s = p.sampling;
+  if (p.prompt.empty()) return "prompt must contain at least one token";
+  for (size_t i = 0; i < p.prompt.size(); ++i) {
+    if (p.prompt[i] < 0 || p.prompt[i] >= vocab_size_)
+      return "prompt token " + std::to_string(p.prompt[i]) + " at position " + std::to_string(i) +
+             " is outside the vocabulary (size " + std::to_string(vocab_size_) + ")";
+  }
+  if (p.max_tokens < 0) return "max_tokens must not be negative, got " + std::to_string(p.max_tokens);
+  if (p.min_tokens < 0) return "min_tokens must not be negative, got " + std::to_string(p.min_tokens);
+  if (!std::isfinite(s.temperature) || s.temperature < 0)
+    return "temperature must be a finite number >= 0, got " + std::to_string(s.temperature);
+  if (!(s.top_p > 0 && s.top_p <= 1)) return "top_p must be in (0, 1], got " + std::to_string(s.top_p);
+  if (s.top_k < 0) return "top_k must not be negative, got " + std::to_string(s.top_k);
+  if (!(s.min_p >= 0 && s.min_p <= 1)) return "min_p must be in [0, 1], got " + std::to_string(s.min_p);
+  if (!std::isfinite(s.presence_penalty)) return "presence_penalty must be finite";
+  if (!std::isfinite(s.frequency_penalty)) return "frequency_penalty must be finite";
+  for (int32_t id : p.stop_token_ids)
+    if (id < 0 || id >= vocab_size_)
+      return "stop token id " + std::to_string(id) + " is outside the vocabulary (size " +
+             std::to_string(vocab_size_) + ")";
+  for (const auto& stop : p.stop_strings)
+    if (stop.empty()) return "stop strings must not be empty";
+  return {};
+}
+
+SubmitResult Engine::submit(GenerationParams params) {
+  SubmitResult result;
+  result.prompt_tokens = static_cast<int32_t>(params.prompt.size());
+  result.max_context = options_.max_context;
+  if (auto problem = validate(params); !problem.empty()) {
+    result.status = SubmitStatus::InvalidRequest;
+    result.message = std::move(problem);
+    return result;
+  }
+  // The prompt must leave room for the first output token (none is needed for max_tokens 0).
+  const int64_t reserved = params.max_tokens > 0 ? 1 : 0;
+  if (static_cast<int64_t>(params.prompt.size()) + reserved > options_.max_context) {
+    result.status = SubmitStatus::ContextExceeded;
+    result.message = "prompt has " + std::to_string(params.prompt.size()) +
+                     " tokens but the context ceiling is " + std::to_string(options_.max_context) +
+                     " tokens";
+    return result;
+  }
+  const int32_t output_cap = std::min<int32_t>(params.max_tokens, options_.max_context - result.prompt_tokens);
+  const uint64_t seed = params.sampling.seed.value_or(Sampler::random_seed());
+  const auto now = EngineClock::now();
+
+  std::lock_guard lock(mu_);
+  if (stopping_ || !healthy_) {
+    result.status = SubmitStatus::Unavailable;
+    result.message = failure_.empty() ? "the engine is shutting down" : failure_;
+    return result;
+  }
+  const size_t capacity = static_cast<size_t>(options_.max_concurrency) + static_cast<size_t>(options_.max_pending);
+  if (live_.size() >= capacity) {
+    result.status = SubmitStatus::Overloaded;
+    result.message = "all " + std::to_string(options_.max_concurrency) + " lanes and " +
+                     std::to_string(options_.max_pending) + " pending slots are in use";
+    return result;
+  }
+  auto seq = std::make_shared<Sequence>(next_id_++, std::move(params), output_cap, seed);
+  seq->submitted = now;
+  if (options_.pending_timeout_ms > 0) seq->deadline = now + std::chrono::milliseconds(options_.pending_timeout_ms);
+  result.request_id = seq->id;
+  live_.emplace(seq->id, seq);
+  scheduler_.enqueue(std::move(seq));
+  wake_.notify_one();
+  return result;
+}
+
+void Engine::cancel(uint64_t request_id) {
+  std::unique_lock lock(mu_);
+  auto it = live_.find(request_id);
+  if (it == live_.end()) return;
+  it->second->cancel_requested = true;
+  if (auto seq = scheduler_.remove_pending(request_id)) {
+    EngineEvent event = base_event(*seq, EventKind::Output);
+    finish(*seq, event, FinishReason::Cancelled);
+    live_.erase(it);
+    requests_finished_.fetch_add(1, std::memory_order_relaxed);
+    lock.unlock();
+    events_.push(std::move(event));
+  }
+  // A resident request is finished by the worker at the next boundary.
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  {
+    std::lock_guard lock(mu_);
+    s.lanes = scheduler_.num_lanes();
+    s.running = scheduler_.running();
+    s.pending = scheduler_.pending();
+    s.kv_pages_total = pool_->num_pages();
+    s.kv_pages_free = pool_->free_pages();
+  }
+  s.requests_admitted = requests_admitted_.load();
+  s.requests_finished = requests_finished_.load();
+  s.tokens_prefilled = tokens_prefilled_.load();
+  s.tokens_decoded = tokens_decoded_.load();
+  s.steps = steps_.load();
+  s.decode_rows = decode_rows_.load();
+  s.consecutive_failures = failures_gauge_.load();
+  s.healthy = healthy_.load();
+  return s;
+}
+
+bool Engine::is_eos(int32_t token) const { return contains(options_.eos_ids, token); }
+
+std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq) const {
+  if (static_cast<int32_t>(seq.output.size()) >= seq.params.min_tokens) return {};
+  std::vector<int32_t> ids = seq.params.stop_token_ids;
+  if (!seq.params.ignore_eos) ids.insert(ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
+  return ids;
+}
+
+EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
+  EngineEvent event;
+  event.request_id = seq.id;
+  event.kind = kind;
+  event.prompt_tokens = seq.prompt_len();
+  event.completion_tokens = static_cast<int32_t>(seq.output.size());
+  const auto now = EngineClock::now();
+  if (seq.phase == Phase::Pending) {
+    event.timings.queue_ms = elapsed_ms(seq.submitted, now);
+  } else {
+    event.timings.queue_ms = elapsed_ms(seq.submitted, seq.admitted);
+    if (seq.phase == Phase::Prefilling) {
+      event.timings.prompt_ms = elapsed_ms(seq.admitted, now);
+    } else {
+      event.timings.prompt_ms = elapsed_ms(seq.admitted, seq.prefilled);
+      event.timings.predicted_ms = elapsed_ms(seq.prefilled, std::max(seq.prefilled, seq.last_commit));
+    }
+  }
+  return event;
+}
+
+void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) const {
+  seq.phase = Phase::Finished;
+  event.finished = true;
+  event.finish_reason = reason;
+  event.completion_tokens = static_cast<int32_t>(seq.output.size());
+}
+
+void Engine::retire(Sequence& seq) {
+  const uint64_t id = seq.id;
+  auto owner = live_.find(id);
+  std::shared_ptr<Sequence> keep;
+  if (owner != live_.end()) {
+    keep = std::move(owner->second);
+    live_.erase(owner);
+  }
+  scheduler_.release(seq);
+  requests_finished_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Engine::run() {
+  std::vector<EngineEvent> events;
+  try {
+    while (true) {
+      events.clear();
+      {
+        std::unique_lock lock(mu_);
+        wake_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
+        if (stopping_) break;
+        const auto now = EngineClock::now();
+        for (auto& seq : scheduler_.take_expired(now)) {
+          EngineEvent event = base_event(*seq, EventKind::QueueTimeout);
+          finish(*seq, event, FinishReason::Error);
+          event.error = "the request waited " + std::to_string(options_.pending_timeout_ms) +
+                        " ms for a lane without being admitted";
+          events.push_back(std::move(event));
+          retire(*seq);
+        }
+        for (Sequence* seq : scheduler_.resident()) {
+          if (!seq->cancel_requested) continue;
+          EngineEvent event = base_event(*seq, EventKind::Output);
+          finish(*seq, event, FinishReason::Cancelled);
+          events.push_back(std::move(event));
+          retire(*seq);
+        }
+        for (Sequence* seq : scheduler_.admit(now)) {
+          model_->reset_lane(seq->lane);
+          requests_admitted_.fetch_add(1, std::memory_order_relaxed);
+          events.push_back(base_event(*seq, EventKind::Admitted));
+        }
+        scheduler_.plan(step_);
+      }
+      events_.push(std::move(events));
+      events = {};
+      if (step_.empty()) continue;
+      execute_step(events);
+      events_.push(std::move(events));
+      events = {};
+      if (consecutive_failures_ >= kMaxConsecutiveFailures) {
+        fail_everything("the engine stopped after " + std::to_string(kMaxConsecutiveFailures) +
+                        " failed steps in a row; last error: " + failure_);
+        return;
+      }
+    }
+  } catch (const std::exception& e) {
+    fail_everything(std::string("worker crash: ") + e.what());
+    return;
+  }
+  fail_everything("the engine is shutting down");
+}
+
+void Engine::execute_step(std::vector<EngineEvent>& events) {
+  std::string error;
+  try {
+    model_->forward(step_.batch, logits_.data());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::vector<Sequence*> done;
+  steps_.fetch_add(1, std::memory_order_relaxed);
+  if (!error.empty()) {
+    ++consecutive_failures_;
+    failures_gauge_ = consecutive_failures_;
+    {
+      std::lock_guard lock(mu_);
+      failure_ = error;
+    }
+    for (Sequence* seq : step_.rows) {
+      EngineEvent event = base_event(*seq, EventKind::Output);
+      finish(*seq, event, FinishReason::Error);
+      event.error = "model step failed: " + error;
+      events.push_back(std::move(event));
+      done.push_back(seq);
+    }
+  } else {
+    consecutive_failures_ = 0;
+    failures_gauge_ = 0;
+    decode_rows_.fetch_add(static_cast<uint64_t>(step_.decode_rows), std::memory_order_relaxed);
+    tokens_prefilled_.fetch_add(static_cast<uint64_t>(step_.prefill_tokens), std::memory_order_relaxed);
+    const auto now = EngineClock::now();
+    int logit_row = 0;
+    for (size_t i = 0; i < step_.rows.size(); ++i) {
+      Sequence& seq = *step_.rows[i];
+      const SeqSlice& slice = step_.batch.slices[i];
+      float* logits = slice.wants_logits ? logits_.data() + static_cast<int64_t>(logit_row++) * vocab_size_ : nullptr;
+      seq.cached += slice.num_tokens;
+      if (seq.cancel_requested) {
+        EngineEvent event = base_event(seq, EventKind::Output);
+        finish(seq, event, FinishReason::Cancelled);
+        events.push_back(std::move(event));
+        done.push_back(&seq);
+        continue;
+      }
+      if (seq.phase == Phase::Prefilling) {
+        if (seq.cached < seq.prompt_len()) continue;  // more prompt to go: nothing to report
+        seq.phase = Phase::Decoding;
+        seq.prefilled = seq.last_commit = now;
+      } else {
+        seq.last_commit = now;
+      }
+      EngineEvent event = base_event(seq, EventKind::Output);
+      if (!logits) {  // max_tokens 0: the prompt was all there was to do
+        finish(seq, event, FinishReason::Length);
+        events.push_back(std::move(event));
+        done.push_back(&seq);
+        continue;
+      }
+      try {
+        const auto suppressed = suppressed_ids(seq);
+        const int32_t token = seq.sampler.sample(std::span<float>(logits, static_cast<size_t>(vocab_size_)),
+                                                 seq.output_counts, suppressed);
+        tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
+        commit_token(seq, token, event);
+      } catch (const std::exception& e) {
+        finish(seq, event, FinishReason::Error);
+        event.error = std::string("sampling failed: ") + e.what();
+      }
+      if (event.finished) done.push_back(&seq);
+      events.push_back(std::move(event));
+    }
+  }
+  if (done.empty()) return;
+  std::lock_guard lock(mu_);
+  for (Sequence* seq : done) retire(*seq);
+}
+
+void Engine::commit_token(Sequence& seq, int32_t token, EngineEvent& event) {
+  seq.output.push_back(token);
+  ++seq.output_counts[token];
+  event.token_ids.push_back(token);
+  event.completion_tokens = static_cast<int32_t>(seq.output.size());
+  // Stops are live once min_tokens tokens precede this one.
+  const bool stops_live = static_cast<int32_t>(seq.output.size()) > seq.params.min_tokens;
+  if (stops_live && contains(seq.params.stop_token_ids, token)) {
+    event.text += seq.stops.flush();
+    event.stop_kind = StopKind::TokenId;
+    event.stop_token = token;
+    finish(seq, event, FinishReason::Stop);
+    return;
+  }
+  if (stops_live && !seq.params.ignore_eos && is_eos(token)) {
+    event.text += seq.stops.flush();
+    event.stop_kind = StopKind::Eos;
+    event.stop_token = token;
+    finish(seq, event, FinishReason::Stop);
+    return;
+  }
+  static const std::string kNoBytes;
+  const std::string& bytes =
+      token < static_cast<int32_t>(token_bytes_.size()) ? token_bytes_[static_cast<size_t>(token)] : kNoBytes;
+  auto pushed = seq.stops.push(bytes, stops_live);
+  event.text += pushed.released;
+  if (pushed.matched) {
+    event.stop_kind = StopKind::String;
+    event.stop_string = seq.stops.stops()[*pushed.matched];
+    finish(seq, event, FinishReason::Stop);
+    return;
+  }
+  if (static_cast<int32_t>(seq.output.size()) >= seq.output_cap) {
+    event.text += seq.stops.flush();
+    finish(seq, event, FinishReason::Length);
+  }
+}
+
+void Engine::fail_everything(const std::string& message) {
+  std::vector<EngineEvent> events;
+  {
+    std::lock_guard lock(mu_);
+    if (message.rfind("the engine is shutting down", 0) != 0) {
+      healthy_ = false;
+      failure_ = message;
+    }
+    stopping_ = true;
+    for (auto& seq : scheduler_.take_all_pending()) {
+      EngineEvent event = base_event(*seq, EventKind::Output);
+      finish(*seq, event, FinishReason::Error);
+      event.error = message;
+      events.push_back(std::move(event));
+      retire(*seq);
+    }
+    for (Sequence* seq : scheduler_.resident()) {
+      EngineEvent event = base_event(*seq, EventKind::Output);
+      finish(*seq, event, FinishReason::Error);
+      event.error = message;
+      events.push_back(std::move(event));
+      retire(*seq);
+    }
+  }
+  events_.push(std::move(events));
+}
+
+}  // namespace ninfer

@@ -1,0 +1,145 @@
+// The engine: one worker thread that admits requests into lanes, runs one model traversal per
+// step, samples, applies stops, and publishes events.
+//
+// Threads: submit/cancel/drain_events/stats may be called from any thread. The worker never
+// calls back into the caller; it publishes through the EventQueue, whose fd() the caller
+// polls. Every accepted request ends with exactly one finished event (Output with
+// finished=true, or QueueTimeout).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/kv_pool.h"
+#include "engine/engine_event.h"
+#include "engine/event_queue.h"
+#include "engine/generation_params.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "models/model.h"
+
+namespace ninfer {
+
+struct EngineOptions {
+  int max_concurrency = 1;         // resident lanes, 1..8
+  int32_t max_context = 0;         // per-request ceiling on prompt + output tokens (> 0)
+  int32_t prefill_chunk = 512;     // prompt tokens per step
+  int32_t max_pending = 16;        // requests allowed to wait for a lane
+  int64_t pending_timeout_ms = 0;  // 0 = a pending request waits until a lane frees
+  std::vector<int32_t> eos_ids;    // end-of-sequence ids of the model (merged)
+};
+
+// Pages a pool needs so that every lane can grow to the ceiling: admission then never waits
+// for memory and no request can be stranded.
+int64_t kv_pages_for(const EngineOptions& options);
+
+enum class SubmitStatus : uint8_t {
+  Accepted,
+  Overloaded,       // lanes and pending queue are full
+  ContextExceeded,  // the prompt leaves no room under max_context
+  InvalidRequest,   // a parameter is out of range; `message` names it
+  Unavailable,      // the engine failed or is shutting down
+};
+
+struct SubmitResult {
+  SubmitStatus status = SubmitStatus::Accepted;
+  uint64_t request_id = 0;
+  std::string message;
+  int32_t prompt_tokens = 0;
+  int32_t max_context = 0;
+};
+
+struct EngineStats {
+  int32_t lanes = 0;
+  int32_t running = 0;  // requests holding a lane
+  int32_t pending = 0;  // requests waiting for one
+  int64_t kv_pages_total = 0;
+  int64_t kv_pages_free = 0;
+  uint64_t requests_admitted = 0;
+  uint64_t requests_finished = 0;
+  uint64_t tokens_prefilled = 0;
+  uint64_t tokens_decoded = 0;  // sampled tokens, including each request's first
+  uint64_t steps = 0;
+  uint64_t decode_rows = 0;  // sum over steps of decode batch sizes
+  int32_t consecutive_failures = 0;
+  bool healthy = true;
+};
+
+class Engine {
+ public:
+  // Failed units of work in a row after which the engine gives up (spec: eight recoveries).
+  static constexpr int kMaxConsecutiveFailures = 8;
+
+  // `model` must have been built over `pool`; the engine owns both and drops the model first.
+  // `keepalive` holds what the model's weights point into (the mapped artifact), if anything.
+  // `token_bytes[id]` are the bytes token `id` stands for (stop strings match on them).
+  Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, EngineOptions options,
+         std::vector<std::string> token_bytes, std::shared_ptr<const void> keepalive = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  SubmitResult submit(GenerationParams params);
+  // Idempotent. A pending request finishes at once; a running one at the next step boundary.
+  // Either way it ends with a finished event whose reason is "cancelled". Unknown ids are ignored.
+  void cancel(uint64_t request_id);
+  std::vector<EngineEvent> drain_events() { return events_.drain(); }
+  int event_fd() const { return events_.fd(); }
+  EngineStats stats() const;
+  bool healthy() const { return healthy_.load(); }
+  // Fails every request with "the engine is shutting down" and joins the worker. Idempotent.
+  void shutdown();
+
+  const EngineOptions& options() const { return options_; }
+  const ModelInfo& model_info() const { return model_->info(); }
+  const std::vector<std::string>& token_bytes() const { return token_bytes_; }
+
+ private:
+  std::string validate(const GenerationParams& params) const;
+  void run();
+  void execute_step(std::vector<EngineEvent>& events);
+  void commit_token(Sequence& seq, int32_t token, EngineEvent& event);
+  std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
+  bool is_eos(int32_t token) const;
+  EngineEvent base_event(const Sequence& seq, EventKind kind) const;
+  void finish(Sequence& seq, EngineEvent& event, FinishReason reason) const;
+  // Frees the lane and forgets the request; mu_ held. `seq` may be destroyed.
+  void retire(Sequence& seq);
+  void fail_everything(const std::string& message);
+
+  std::shared_ptr<const void> keepalive_;
+  std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<Model> model_;
+  const EngineOptions options_;
+  const std::vector<std::string> token_bytes_;
+  const int64_t vocab_size_;
+
+  mutable std::mutex mu_;  // guards scheduler_, live_, pool_ bookkeeping, stopping_
+  std::condition_variable wake_;
+  Scheduler scheduler_;
+  std::unordered_map<uint64_t, std::shared_ptr<Sequence>> live_;
+  uint64_t next_id_ = 1;
+  bool stopping_ = false;
+  std::string failure_;  // why the engine stopped, once it has
+
+  EventQueue events_;
+  StepPlan step_;            // worker only
+  std::vector<float> logits_;  // worker only
+  int consecutive_failures_ = 0;  // worker only
+
+  std::atomic<bool> healthy_{true};
+  std::atomic<uint64_t> requests_admitted_{0}, requests_finished_{0};
+  std::atomic<uint64_t> tokens_prefilled_{0}, tokens_decoded_{0}, steps_{0}, decode_rows_{0};
+  std::atomic<int32_t> failures_gauge_{0};
+
+  std::thread worker_;  // last: starts after everything above is built
+};
+
+}  // namespace ninfer

@@ -1,0 +1,45 @@
+// What the engine tells its caller about a request, one record per committed step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ninfer {
+
+enum class EventKind : uint8_t {
+  Admitted,      // the request got a lane (no tokens yet)
+  Output,        // committed tokens; the last Output of a request has finished = true
+  QueueTimeout,  // the request waited past its pending deadline; it is finished
+};
+
+enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
+
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", ... ("" for None)
+
+// Why a request stopped with FinishReason::Stop.
+enum class StopKind : uint8_t { None, Eos, TokenId, String };
+
+struct RequestTimings {
+  double queue_ms = 0;      // submit -> lane
+  double prompt_ms = 0;     // lane -> prefill done
+  double predicted_ms = 0;  // prefill done -> last commit
+};
+
+struct EngineEvent {
+  uint64_t request_id = 0;
+  EventKind kind = EventKind::Output;
+  std::vector<int32_t> token_ids;  // committed this step, including a stop token whose text is withheld
+  std::string text;                // bytes safe to show; may end inside a UTF-8 sequence
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::None;
+  StopKind stop_kind = StopKind::None;
+  int32_t stop_token = -1;  // StopKind::Eos / TokenId
+  std::string stop_string;  // StopKind::String
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  RequestTimings timings;
+  std::string error;  // FinishReason::Error
+};
+
+}  // namespace ninfer

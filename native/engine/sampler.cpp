@@ -1,0 +1,122 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace ninfer {
+
+namespace {
+
+// Most probable first; equal weights by lower id, so the order never depends on the input order.
+struct MoreProbable {
+  template <class C>
+  bool operator()(const C& a, const C& b) const {
+    return a.weight > b.weight || (a.weight == b.weight && a.id < b.id);
+  }
+};
+
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params, uint64_t seed) : params_(params), rng_(seed) {}
+
+uint64_t Sampler::random_seed() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
+
+double Sampler::uniform01() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
+void Sampler::apply_penalties(std::span<float> logits, const TokenCounts& generated) const {
+  if (params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f) return;
+  const auto vocab = static_cast<int64_t>(logits.size());
+  for (const auto& [token, count] : generated) {
+    if (token < 0 || token >= vocab || count <= 0) continue;
+    logits[token] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
+  }
+}
+
+int32_t Sampler::sample(std::span<float> logits, const TokenCounts& generated,
+                        std::span<const int32_t> suppressed) {
+  apply_penalties(logits, generated);
+  const auto vocab = static_cast<int64_t>(logits.size());
+  for (int32_t id : suppressed)
+    if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+
+  float best = -std::numeric_limits<float>::infinity();
+  int32_t best_id = -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float l = logits[i];
+    if (std::isnan(l)) throw std::runtime_error("model produced a NaN logit");
+    if (l > best) {
+      best = l;
+      best_id = static_cast<int32_t>(i);
+    }
+  }
+  if (best_id < 0 || std::isinf(best)) {
+    throw std::runtime_error("no token can be sampled: every logit is -inf or +inf");
+  }
+  if (params_.temperature <= 0.0f) return best_id;
+
+  const float inv_temperature = 1.0f / params_.temperature;
+  candidates_.clear();
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float w = std::exp((logits[i] - best) * inv_temperature);
+    if (w > 0.0f) candidates_.push_back({w, static_cast<int32_t>(i)});
+  }
+  keep_top_k();
+  keep_top_p();
+  keep_min_p();
+
+  double total = 0.0;
+  for (const auto& c : candidates_) total += c.weight;
+  const double target = uniform01() * total;
+  double cumulative = 0.0;
+  for (const auto& c : candidates_) {
+    cumulative += c.weight;
+    if (target < cumulative) return c.id;
+  }
+  return candidates_.back().id;  // only reached through rounding in the last addition
+}
+
+void Sampler::keep_top_k() {
+  const auto k = static_cast<size_t>(params_.top_k);
+  if (params_.top_k <= 0 || k >= candidates_.size()) return;
+  std::nth_element(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                   candidates_.end(), MoreProbable{});
+  candidates_.resize(k);
+}
+
+void Sampler::keep_top_p() {
+  if (params_.top_p >= 1.0f) return;
+  double total = 0.0;
+  for (const auto& c : candidates_) total += c.weight;
+  const double target = static_cast<double>(params_.top_p) * total;
+  // Sorting the whole vocabulary is wasteful when a few tokens carry the mass: sort a growing
+  // head until the prefix reaches the target.
+  size_t head = std::min<size_t>(64, candidates_.size());
+  while (true) {
+    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(head),
+                      candidates_.end(), MoreProbable{});
+    double cumulative = 0.0;
+    for (size_t i = 0; i < head; ++i) {
+      cumulative += candidates_[i].weight;
+      if (cumulative >= target) {
+        candidates_.resize(i + 1);
+        return;
+      }
+    }
+    if (head == candidates_.size()) return;  // rounding left the target just out of reach
+    head = std::min(candidates_.size(), head * 4);
+  }
+}
+
+void Sampler::keep_min_p() {
+  if (params_.min_p <= 0.0f) return;
+  // The best token weighs exactly 1, so the threshold is min_p itself.
+  const float threshold = params_.min_p;
+  std::erase_if(candidates_, [threshold](const Candidate& c) { return c.weight < threshold; });
+}
+
+}  // namespace ninfer

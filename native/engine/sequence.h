@@ -1,0 +1,56 @@
+// The engine's state for one request, from submit to its finished event.
+//
+// Owned by the engine (shared with the scheduler's queues); only the worker thread mutates it
+// once it is admitted, except for `cancel_requested`, which any thread may set.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "engine/generation_params.h"
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+
+namespace ninfer {
+
+using EngineClock = std::chrono::steady_clock;
+
+enum class Phase : uint8_t { Pending, Prefilling, Decoding, Finished };
+
+struct Sequence {
+  Sequence(uint64_t id_, GenerationParams params_, int32_t output_cap_, uint64_t seed)
+      : id(id_),
+        params(std::move(params_)),
+        output_cap(output_cap_),
+        sampler(params.sampling, seed),
+        stops(params.stop_strings) {}
+
+  int32_t prompt_len() const { return static_cast<int32_t>(params.prompt.size()); }
+  int32_t prompt_left() const { return prompt_len() - cached; }
+
+  const uint64_t id;
+  const GenerationParams params;
+  const int32_t output_cap;  // min(max_tokens, max_context - prompt): output ends at this length
+
+  Phase phase = Phase::Pending;
+  int lane = -1;
+  int32_t cached = 0;            // tokens whose K/V are in `pages` (= position of the next input)
+  std::vector<int32_t> pages;    // KV page ids in position order
+  std::vector<int32_t> output;   // generated tokens
+  TokenCounts output_counts;     // histogram of `output`, for penalties
+  Sampler sampler;
+  StopMatcher stops;
+
+  EngineClock::time_point submitted{};
+  std::optional<EngineClock::time_point> deadline;  // pending only
+  EngineClock::time_point admitted{};
+  EngineClock::time_point prefilled{};
+  EngineClock::time_point last_commit{};
+
+  std::atomic<bool> cancel_requested{false};
+};
+
+}  // namespace ninfer

@@ -1,0 +1,279 @@
+#include "models/llama.h"
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "artifact/artifact.h"
+#include "backends/backend.h"
+#include "cache/kv_pool.h"
+#include "models/rope.h"
+
+namespace ninfer {
+
+namespace {
+
+struct LlamaConfig {
+  int64_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
+  int64_t max_positions = 0;
+  float eps = 1e-6f;
+  bool qk_norm = false;
+};
+
+int64_t required_int(const json::Value& config, const char* key) {
+  const json::Value& v = config[key];
+  if (!v.is_number() || v.as_int() <= 0)
+    throw std::runtime_error(std::string("config: '") + key + "' must be a positive integer");
+  return v.as_int();
+}
+
+LlamaConfig read_config(const Artifact& artifact) {
+  const json::Value& c = artifact.config();
+  LlamaConfig cfg;
+  cfg.hidden = required_int(c, "hidden_size");
+  cfg.intermediate = required_int(c, "intermediate_size");
+  cfg.layers = required_int(c, "num_hidden_layers");
+  cfg.heads = required_int(c, "num_attention_heads");
+  cfg.kv_heads = c["num_key_value_heads"].is_number() ? required_int(c, "num_key_value_heads") : cfg.heads;
+  cfg.head_dim = c["head_dim"].is_number() ? required_int(c, "head_dim") : cfg.hidden / cfg.heads;
+  cfg.vocab = required_int(c, "vocab_size");
+  cfg.max_positions = c.get_int("max_position_embeddings", 0);
+  cfg.eps = static_cast<float>(c.get_double("rms_norm_eps", 1e-6));
+  cfg.qk_norm = c.get_bool("qk_norm", artifact.architecture() == "qwen3");
+  if (cfg.heads % cfg.kv_heads != 0)
+    throw std::runtime_error("config: num_attention_heads must be a multiple of num_key_value_heads");
+  return cfg;
+}
+
+ModelInfo describe(const Artifact& artifact, const LlamaConfig& cfg) {
+  ModelInfo info;
+  info.architecture = artifact.architecture();
+  info.vocab_size = cfg.vocab;
+  info.hidden_size = cfg.hidden;
+  info.num_layers = cfg.layers;
+  info.num_kv_layers = cfg.layers;
+  info.num_kv_heads = cfg.kv_heads;
+  info.head_dim = cfg.head_dim;
+  info.max_position_embeddings = cfg.max_positions;
+  std::map<std::string, int64_t> bytes_by_format;
+  for (const auto& t : artifact.tensors()) {
+    info.num_params += t.numel();
+    info.weight_bytes += static_cast<int64_t>(t.nbytes);
+    bytes_by_format[std::string(dtype_name(t.dtype))] += static_cast<int64_t>(t.nbytes);
+  }
+  int64_t best = -1;
+  for (const auto& [format, bytes] : bytes_by_format)
+    if (bytes > best) best = bytes, info.weight_format = format;
+  return info;
+}
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(const Artifact& artifact, KvPool& kv, const ModelOptions& options)
+      : cfg_(read_config(artifact)), info_(describe(artifact, cfg_)), rope_(artifact.config()), kv_(kv),
+        options_(options), artifact_(artifact) {
+    if (options.device != "cpu")
+      throw std::runtime_error("device '" + options.device + "' is not available in this build (only cpu)");
+    if (options.max_batch_tokens <= 0 || options.max_lanes <= 0)
+      throw std::runtime_error("max_batch_tokens and max_lanes must be positive");
+    if (kv.num_layers() != cfg_.layers || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
+      throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
+    backend_ = make_cpu_backend(options.threads);
+    load_weights();
+    allocate_activations();
+    if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
+  }
+
+  const ModelInfo& info() const override { return info_; }
+  void forward(const BatchPlan& plan, float* logits) override;
+
+ private:
+  struct Layer {
+    Buffer input_norm, post_norm, q_norm, k_norm;
+    Buffer q_bias, k_bias, v_bias, o_bias;
+    Weight q, k, v, o, gate, up, down;
+  };
+
+  Weight matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const TensorView& t = artifact_.tensor(name);
+    if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+      throw std::runtime_error("tensor '" + name + "' should have shape [" + std::to_string(rows) + ", " +
+                               std::to_string(cols) + "]");
+    return backend_->upload_weight(t);
+  }
+  Buffer vector(const std::string& name, int64_t size, bool required = true) {
+    const TensorView* t = artifact_.find(name);
+    if (!t) {
+      if (required) throw std::runtime_error("artifact lacks tensor '" + name + "'");
+      return {};
+    }
+    if (t->shape.size() != 1 || t->shape[0] != size)
+      throw std::runtime_error("tensor '" + name + "' should have shape [" + std::to_string(size) + "]");
+    return backend_->upload_vector(*t);
+  }
+
+  void load_weights();
+  void allocate_activations();
+  void check_plan(const BatchPlan& plan) const;
+  void apply_rope(float* x, int64_t heads, const std::vector<int32_t>& positions,
+                  const std::vector<AttentionSlice>& slices);
+
+  LlamaConfig cfg_;
+  ModelInfo info_;
+  RopeScaling rope_;
+  RopeTable rope_table_;
+  KvPool& kv_;
+  ModelOptions options_;
+  const Artifact& artifact_;
+  std::unique_ptr<Backend> backend_;
+
+  Weight embed_, lm_head_;
+  Buffer final_norm_;
+  std::vector<Layer> layers_;
+  Buffer hidden_, normed_, q_, k_, v_, attn_, gate_, up_, logit_inputs_, logits_;
+};
+
+void LlamaModel::load_weights() {
+  const int64_t h = cfg_.hidden, qd = cfg_.heads * cfg_.head_dim, kvd = cfg_.kv_heads * cfg_.head_dim;
+  embed_ = matrix("model.embed_tokens.weight", cfg_.vocab, h);
+  lm_head_ = artifact_.find("lm_head.weight") ? matrix("lm_head.weight", cfg_.vocab, h) : embed_;
+  final_norm_ = vector("model.norm.weight", h);
+  layers_.resize(static_cast<size_t>(cfg_.layers));
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& L = layers_[static_cast<size_t>(i)];
+    L.input_norm = vector(p + "input_layernorm.weight", h);
+    L.post_norm = vector(p + "post_attention_layernorm.weight", h);
+    L.q = matrix(p + "self_attn.q_proj.weight", qd, h);
+    L.k = matrix(p + "self_attn.k_proj.weight", kvd, h);
+    L.v = matrix(p + "self_attn.v_proj.weight", kvd, h);
+    L.o = matrix(p + "self_attn.o_proj.weight", h, qd);
+    // Biases are used wherever the checkpoint has them (Qwen2: q/k/v; Llama attention_bias: also o).
+    L.q_bias = vector(p + "self_attn.q_proj.bias", qd, false);
+    L.k_bias = vector(p + "self_attn.k_proj.bias", kvd, false);
+    L.v_bias = vector(p + "self_attn.v_proj.bias", kvd, false);
+    L.o_bias = vector(p + "self_attn.o_proj.bias", h, false);
+    if (cfg_.qk_norm) {
+      L.q_norm = vector(p + "self_attn.q_norm.weight", cfg_.head_dim);
+      L.k_norm = vector(p + "self_attn.k_norm.weight", cfg_.head_dim);
+    }
+    L.gate = matrix(p + "mlp.gate_proj.weight", cfg_.intermediate, h);
+    L.up = matrix(p + "mlp.up_proj.weight", cfg_.intermediate, h);
+    L.down = matrix(p + "mlp.down_proj.weight", h, cfg_.intermediate);
+  }
+}
+
+void LlamaModel::allocate_activations() {
+  const int64_t t = options_.max_batch_tokens;
+  hidden_ = backend_->alloc(t * cfg_.hidden);
+  normed_ = backend_->alloc(t * cfg_.hidden);
+  q_ = backend_->alloc(t * cfg_.heads * cfg_.head_dim);
+  k_ = backend_->alloc(t * cfg_.kv_heads * cfg_.head_dim);
+  v_ = backend_->alloc(t * cfg_.kv_heads * cfg_.head_dim);
+  attn_ = backend_->alloc(t * cfg_.heads * cfg_.head_dim);
+  gate_ = backend_->alloc(t * cfg_.intermediate);
+  up_ = backend_->alloc(t * cfg_.intermediate);
+}
+
+void LlamaModel::check_plan(const BatchPlan& plan) const {
+  int64_t total = 0;
+  for (const auto& s : plan.slices) {
+    if (s.lane < 0 || s.lane >= options_.max_lanes)
+      throw std::invalid_argument("slice lane " + std::to_string(s.lane) + " is outside [0, " +
+                                  std::to_string(options_.max_lanes) + ")");
+    if (s.num_tokens <= 0 || s.start_pos < 0)
+      throw std::invalid_argument("a slice needs at least one token and a non-negative start position");
+    if (!s.page_table && s.num_pages > 0) throw std::invalid_argument("slice has pages but no page table");
+    total += s.num_tokens;
+  }
+  if (total != static_cast<int64_t>(plan.tokens.size()))
+    throw std::invalid_argument("plan slices cover " + std::to_string(total) + " tokens but the plan holds " +
+                                std::to_string(plan.tokens.size()));
+  if (total > options_.max_batch_tokens)
+    throw std::invalid_argument("plan of " + std::to_string(total) + " tokens exceeds max_batch_tokens " +
+                                std::to_string(options_.max_batch_tokens));
+}
+
+void LlamaModel::apply_rope(float* x, int64_t heads, const std::vector<int32_t>& positions,
+                            const std::vector<AttentionSlice>& slices) {
+  if (!rope_.depends_on_length()) {
+    backend_->rope(x, heads, cfg_.head_dim, rope_.rotary_dim(), positions, rope_table_.inv_freq,
+                   rope_table_.attention_factor);
+    return;
+  }
+  // Dynamic scaling: each sequence uses the table for its own length, as HF does per call.
+  for (const auto& s : slices) {
+    const RopeTable table = rope_.table(static_cast<int64_t>(s.start_pos) + s.num_tokens);
+    backend_->rope(x + static_cast<int64_t>(s.row_begin) * heads * cfg_.head_dim, heads, cfg_.head_dim,
+                   rope_.rotary_dim(), std::span(positions).subspan(static_cast<size_t>(s.row_begin), s.num_tokens),
+                   table.inv_freq, table.attention_factor);
+  }
+}
+
+void LlamaModel::forward(const BatchPlan& plan, float* logits) {
+  check_plan(plan);
+  const int64_t t = static_cast<int64_t>(plan.tokens.size());
+  if (t == 0) return;
+  const int64_t h = cfg_.hidden, hd = cfg_.head_dim, inter = cfg_.intermediate;
+  std::vector<int32_t> positions(static_cast<size_t>(t));
+  std::vector<AttentionSlice> slices;
+  std::vector<int32_t> logit_rows;
+  int32_t row = 0;
+  for (const auto& s : plan.slices) {
+    slices.push_back({row, s.num_tokens, s.start_pos, s.page_table, s.num_pages});
+    for (int32_t i = 0; i < s.num_tokens; ++i) positions[static_cast<size_t>(row + i)] = s.start_pos + i;
+    for (int32_t i = s.num_tokens - s.logit_rows(); i < s.num_tokens; ++i) logit_rows.push_back(row + i);
+    row += s.num_tokens;
+  }
+  const AttentionShape shape{cfg_.heads, cfg_.kv_heads, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  Backend& b = *backend_;
+  float *hidden = hidden_.data(), *normed = normed_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data();
+  float *attn = attn_.data(), *gate = gate_.data(), *up = up_.data();
+
+  b.embedding(embed_, plan.tokens, hidden);
+  for (int64_t li = 0; li < cfg_.layers; ++li) {
+    const Layer& L = layers_[static_cast<size_t>(li)];
+    b.rms_norm(hidden, t, h, L.input_norm.data(), cfg_.eps, normed);
+    b.matmul(normed, t, L.q, L.q_bias.data(), q);
+    b.matmul(normed, t, L.k, L.k_bias.data(), k);
+    b.matmul(normed, t, L.v, L.v_bias.data(), v);
+    if (cfg_.qk_norm) {
+      b.rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
+      b.rms_norm(k, t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k);
+    }
+    apply_rope(q, cfg_.heads, positions, slices);
+    apply_rope(k, cfg_.kv_heads, positions, slices);
+    b.kv_write(kv_, li, k, v, slices);
+    b.attention(kv_, li, q, slices, shape, attn);
+    b.matmul(attn, t, L.o, L.o_bias.data(), normed);
+    b.add(hidden, normed, t * h);
+    b.rms_norm(hidden, t, h, L.post_norm.data(), cfg_.eps, normed);
+    b.matmul(normed, t, L.gate, nullptr, gate);
+    b.matmul(normed, t, L.up, nullptr, up);
+    b.swiglu(gate, up, t * inter, gate);
+    b.matmul(gate, t, L.down, nullptr, normed);
+    b.add(hidden, normed, t * h);
+  }
+
+  const auto rows = static_cast<int64_t>(logit_rows.size());
+  if (rows == 0) return;
+  if (logits_.size() < rows * cfg_.vocab) {
+    logit_inputs_ = b.alloc(rows * h);
+    logits_ = b.alloc(rows * cfg_.vocab);
+  }
+  b.gather_rows(hidden, h, logit_rows, logit_inputs_.data());
+  b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
+  b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+  b.synchronize();
+  b.copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
+  return std::make_unique<LlamaModel>(artifact, kv, options);
+}
+
+}  // namespace ninfer

@@ -1,0 +1,44 @@
+// Architecture dispatch: the one place that maps an artifact's architecture to a Model.
+#include <stdexcept>
+#include <string>
+
+#include "artifact/artifact.h"
+#include "models/llama.h"
+#include "models/model.h"
+
+namespace ninfer {
+
+namespace {
+
+bool is_dense_llama_family(const std::string& architecture) {
+  return architecture == "llama" || architecture == "qwen2" || architecture == "qwen3";
+}
+
+[[noreturn]] void unsupported(const std::string& architecture) {
+  throw std::runtime_error("unsupported model architecture '" + architecture +
+                           "' (this build supports llama, qwen2, qwen3)");
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
+  const std::string architecture = artifact.architecture();
+  if (is_dense_llama_family(architecture)) return make_llama_model(artifact, kv, options);
+  unsupported(architecture);
+}
+
+KvGeometry kv_geometry(const Artifact& artifact) {
+  const std::string architecture = artifact.architecture();
+  if (!is_dense_llama_family(architecture)) unsupported(architecture);
+  const json::Value& c = artifact.config();
+  KvGeometry g;
+  g.num_kv_layers = c.get_int("num_hidden_layers", 0);
+  const int64_t heads = c.get_int("num_attention_heads", 0);
+  g.num_kv_heads = c.get_int("num_key_value_heads", heads);
+  g.head_dim = c.get_int("head_dim", heads > 0 ? c.get_int("hidden_size", 0) / heads : 0);
+  if (g.num_kv_layers <= 0 || g.num_kv_heads <= 0 || g.head_dim <= 0)
+    throw std::runtime_error("config: cannot derive the KV geometry (layers, kv heads, head_dim)");
+  return g;
+}
+
+}  // namespace ninfer

@@ -1,0 +1,315 @@
+"""Async bridge between the asyncio server and the native engine (ninfer._core.Engine).
+
+The core runs its own worker thread and publishes events into a queue whose file descriptor
+becomes readable when events are waiting. The bridge watches that descriptor with
+`loop.add_reader`, drains in batches and routes each event to its request's handle. No call
+here waits on the device: submit and cancel only take the core's lock (with the GIL released).
+
+Handle semantics (the server codes against these):
+  * `await handle.admitted()` returns once the request holds a lane; it raises QueueTimeout
+    when the pending deadline passed first, and EngineUnavailable when the request was
+    cancelled, or the engine failed or closed, before admission.
+  * `async for event in handle` first awaits admission (raising as above), then yields
+    EngineEvents until one with finished=True.
+  * `handle.cancel()` is idempotent and immediate; a running request then ends with a
+    finish_reason "cancelled" event. Dropping a handle that has not finished cancels it.
+  * A finished event's stop_reason is the matched stop string, or the token id (an eos id or
+    one of the request's stop_token_ids) for finish_reason "stop"; None otherwise. token_ids
+    include a stop token, whose text is withheld; completion_tokens counts it.
+  * Engine shutdown or failure ends running requests with finish_reason "error" (and
+    `error` set); pending ones raise EngineUnavailable from admitted().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ninfer.engine_types import (
+    ContextLengthExceeded,
+    EngineConfig,
+    EngineEvent,
+    EngineOverloaded,
+    EngineUnavailable,
+    GenerationRequest,
+    QueueTimeout,
+    Timings,
+)
+
+
+def _core_module() -> Any:
+    from ninfer import _core
+
+    return _core
+
+
+def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
+    """The native EngineOptions for an EngineConfig."""
+    if not 1 <= config.max_concurrency <= 8:
+        raise ValueError(f"max_concurrency must be between 1 and 8, got {config.max_concurrency}")
+    return _core_module().EngineOptions(
+        max_concurrency=config.max_concurrency,
+        max_context=config.max_context,
+        prefill_chunk=config.prefill_chunk,
+        max_pending=config.max_pending_requests,
+        pending_timeout_ms=config.pending_timeout_ms,
+        eos_ids=list(eos_ids),
+    )
+
+
+def _to_event(core_event: Any) -> EngineEvent:
+    return EngineEvent(
+        request_id=core_event.request_id,
+        token_ids=core_event.token_ids,
+        text=core_event.text,
+        finished=core_event.finished,
+        finish_reason=core_event.finish_reason,
+        stop_reason=core_event.stop_reason,
+        prompt_tokens=core_event.prompt_tokens,
+        completion_tokens=core_event.completion_tokens,
+        timings=Timings(core_event.queue_ms, core_event.prompt_ms, core_event.predicted_ms),
+        error=core_event.error,
+    )
+
+
+class RequestHandle:
+    """One submitted request: admission, its event stream, cancellation."""
+
+    def __init__(self, engine: AsyncEngine, request_id: int) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        self._admission = asyncio.Event()
+        self._admission_error: Exception | None = None
+        self._finished = False  # the core reported the end (event queued or admission failed)
+        self._consumed = False  # the consumer received the finished event
+        self._cancel_sent = False
+
+    async def admitted(self) -> None:
+        await self._admission.wait()
+        if self._admission_error is not None:
+            raise self._admission_error
+
+    def cancel(self) -> None:
+        if self._cancel_sent or self._finished:
+            return
+        self._cancel_sent = True
+        if not self._admission.is_set():
+            self._fail_admission(EngineUnavailable("request was cancelled"))
+        self._engine._cancel(self.request_id)
+
+    def __aiter__(self) -> RequestHandle:
+        return self
+
+    async def __anext__(self) -> EngineEvent:
+        if self._consumed:
+            raise StopAsyncIteration
+        await self.admitted()
+        event = await self._events.get()
+        if event.finished:
+            self._consumed = True
+        return event
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self) -> RequestHandle:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        # A consumer that walked away (dropped the handle) must not keep a lane busy.
+        if not self._finished and not self._cancel_sent:
+            with contextlib.suppress(Exception):
+                self._engine._cancel(self.request_id)
+
+    # --- called by the engine's reader -------------------------------------------------
+
+    def _fail_admission(self, error: Exception) -> None:
+        self._admission_error = error
+        self._admission.set()
+
+    def _deliver(self, core_event: Any) -> None:
+        kind = core_event.kind
+        if kind == "admitted":
+            self._admission.set()
+            return
+        if kind == "queue_timeout":
+            self._finished = True
+            self._fail_admission(QueueTimeout(core_event.error or "request queue timeout"))
+            return
+        if core_event.finished:
+            self._finished = True
+        if not self._admission.is_set() or self._admission_error is not None:
+            # Ended before it ever held a lane: cancelled, or the engine failed/closed.
+            if not self._admission.is_set():
+                if core_event.finish_reason == "cancelled":
+                    self._fail_admission(EngineUnavailable("request was cancelled"))
+                else:
+                    self._fail_admission(
+                        EngineUnavailable(core_event.error or "engine unavailable")
+                    )
+            return
+        self._events.put_nowait(_to_event(core_event))
+
+
+class AsyncEngine:
+    """The server's engine: a native core plus the artifact's tokenizer and metadata."""
+
+    def __init__(
+        self,
+        core: Any,
+        *,
+        tokenizer: Any = None,
+        header: dict[str, Any] | None = None,
+        model_info: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> None:
+        self._core = core
+        self.tokenizer = tokenizer
+        self.header: dict[str, Any] = header or {}
+        self.max_context: int = core.max_context
+        self.model_info: dict[str, Any] = model_info or self._default_model_info()
+        self._chat_template = chat_template
+        self._handles: weakref.WeakValueDictionary[int, RequestHandle] = (
+            weakref.WeakValueDictionary()
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # --- construction --------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, artifact_path: str | Path, config: EngineConfig) -> AsyncEngine:
+        """Loads an artifact: header, tokenizer, token byte table, then the native model."""
+        from ninfer.engine_loading import load_engine_parts
+
+        parts = load_engine_parts(Path(artifact_path), config)
+        return cls(
+            parts.core,
+            tokenizer=parts.tokenizer,
+            header=parts.header,
+            model_info=parts.model_info,
+            chat_template=parts.chat_template,
+        )
+
+    def _default_model_info(self) -> dict[str, Any]:
+        info = self._core.model_info
+        return {
+            "n_vocab": info["vocab_size"],
+            "n_ctx": self._core.max_context,
+            "n_ctx_train": info["max_position_embeddings"],
+            "n_embd": info["hidden_size"],
+            "n_params": info["num_params"],
+            "size": info["weight_bytes"],
+            "ftype": info["weight_format"],
+            "architecture": info["architecture"],
+            "name": self.header.get("metadata", {}).get("name", info["architecture"]),
+        }
+
+    # --- public API ----------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed and bool(self._core.healthy)
+
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    def stats(self) -> dict[str, Any]:
+        """Scheduler gauges and token counters of the core (for metrics)."""
+        return self._core.stats()
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queues a request; raises EngineOverloaded, ContextLengthExceeded, ValueError or
+        EngineUnavailable synchronously. Must be called from the event loop's thread."""
+        if self._closed:
+            raise EngineUnavailable("the engine is closed")
+        self._watch_events()
+        s = request.sampling
+        result = self._core.submit(
+            request.prompt_ids,
+            request.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            seed=None if s.seed is None else s.seed & 0xFFFF_FFFF_FFFF_FFFF,
+            stop_token_ids=request.stop_token_ids,
+            stop_strings=request.stop_strings,
+            ignore_eos=request.ignore_eos,
+            min_tokens=request.min_tokens,
+        )
+        status = result.status
+        if status == "overloaded":
+            raise EngineOverloaded(result.message)
+        if status == "context_exceeded":
+            raise ContextLengthExceeded(result.prompt_tokens, result.max_context)
+        if status == "invalid":
+            raise ValueError(result.message)
+        if status == "unavailable":
+            raise EngineUnavailable(result.message)
+        handle = RequestHandle(self, result.request_id)
+        self._handles[result.request_id] = handle
+        return handle
+
+    async def warmup(self) -> None:
+        """Runs a tiny greedy generation so the first real request does not pay for
+        first-touch costs (page faults of the weights, thread start-up)."""
+        prompt = [self._warmup_token()]
+        handle = self.submit(GenerationRequest(prompt_ids=prompt, max_tokens=2))
+        handle_events = [event async for event in handle]
+        last = handle_events[-1]
+        if last.finish_reason == "error":
+            raise EngineUnavailable(f"warmup failed: {last.error}")
+
+    def _warmup_token(self) -> int:
+        bos = self.header.get("tokenizer", {}).get("bos_token_id")
+        return bos if isinstance(bos, int) and 0 <= bos < self.model_info["n_vocab"] else 0
+
+    async def close(self) -> None:
+        """Fails every queued and running request ("the engine is shutting down") and stops
+        the worker."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._core.shutdown)
+        self._dispatch()
+        if self._loop is not None:
+            self._loop.remove_reader(self._core.event_fd)
+            self._loop = None
+
+    # --- event routing -------------------------------------------------------------------
+
+    def _watch_events(self) -> None:
+        if self._loop is not None:
+            return
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._core.event_fd, self._dispatch)
+        self._loop = loop
+
+    def _dispatch(self) -> None:
+        for core_event in self._core.drain_events():
+            handle = self._handles.get(core_event.request_id)
+            if handle is None:
+                continue  # dropped handle: its cancel is already on the way
+            handle._deliver(core_event)
+            if handle._finished:
+                self._handles.pop(core_event.request_id, None)
+
+    def _cancel(self, request_id: int) -> None:
+        self._core.cancel(request_id)

@@ -1,0 +1,218 @@
+"""The asyncio bridge (ninfer.engine.AsyncEngine) over a toy core."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+
+import pytest
+
+from ninfer.engine import AsyncEngine
+from ninfer.engine_types import (
+    ContextLengthExceeded,
+    EngineOverloaded,
+    EngineUnavailable,
+    GenerationRequest,
+    QueueTimeout,
+    SamplingParams,
+)
+from toy_engine import VOCAB, make_engine, run_one
+
+
+def _engine(**options) -> AsyncEngine:
+    return AsyncEngine(make_engine(**options))
+
+
+async def _stream(handle) -> tuple[list[int], bytes, list]:
+    tokens, text, events = [], b"", []
+    async for event in handle:
+        tokens += event.token_ids
+        text += event.text
+        events.append(event)
+    return tokens, text, events
+
+
+def _request(rng: random.Random, i: int) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_ids=[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 90))],
+        max_tokens=rng.randrange(5, 50),
+        sampling=SamplingParams(temperature=0.0 if i % 2 else 0.9, top_k=i % 4, seed=100 + i),
+        stop_strings=["Q"] if i == 3 else [],
+    )
+
+
+def test_concurrent_streams_match_the_core_alone():
+    rng = random.Random(8)
+    requests = [_request(rng, i) for i in range(8)]
+    core = make_engine()
+    alone = []
+    for r in requests:
+        s = r.sampling
+        out = run_one(
+            core,
+            r.prompt_ids,
+            r.max_tokens,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            seed=s.seed,
+            stop_strings=r.stop_strings,
+        )
+        alone.append((out.tokens, out.text, out.final.finish_reason))
+    core.shutdown()
+
+    async def main():
+        engine = _engine(max_concurrency=8)
+        handles = [engine.submit(r) for r in requests]
+        results = await asyncio.gather(*(_stream(h) for h in handles))
+        for handle in handles:
+            await handle.admitted()  # already admitted: returns at once
+        stats = engine.stats()
+        await engine.close()
+        return results, stats
+
+    results, stats = asyncio.run(main())
+    assert [(t, x, ev[-1].finish_reason) for t, x, ev in results] == alone
+    for tokens, _, events in results:
+        assert events[-1].finished and not any(e.finished for e in events[:-1])
+        assert events[-1].completion_tokens == len(tokens)
+        assert events[-1].timings is not None
+    assert stats["kv_pages_free"] == stats["kv_pages_total"]
+
+
+def test_submit_refusals_are_typed():
+    async def main():
+        engine = _engine(max_concurrency=1, max_pending=1, max_context=32)
+        engine._core.toy_set_step_delay_us(2000)
+        with pytest.raises(ContextLengthExceeded) as info:
+            engine.submit(GenerationRequest(prompt_ids=[1] * 40, max_tokens=4))
+        assert (info.value.prompt_tokens, info.value.max_context) == (40, 32)
+        with pytest.raises(ValueError, match="top_p"):
+            engine.submit(GenerationRequest([1], 4, SamplingParams(top_p=0.0)))
+        first = engine.submit(GenerationRequest([1], 30))
+        second = engine.submit(GenerationRequest([2], 30))
+        with pytest.raises(EngineOverloaded):
+            engine.submit(GenerationRequest([3], 30))
+        first.cancel()
+        second.cancel()
+        await engine.close()
+        with pytest.raises(EngineUnavailable):
+            engine.submit(GenerationRequest([3], 30))
+        assert not engine.healthy
+
+    asyncio.run(main())
+
+
+def test_queue_timeout_raises_from_admitted_and_iteration():
+    async def main():
+        engine = _engine(max_concurrency=1, max_pending=2, pending_timeout_ms=40)
+        engine._core.toy_set_step_delay_us(2000)
+        busy = engine.submit(GenerationRequest([1], 1000))
+        await busy.admitted()
+        waiting = engine.submit(GenerationRequest([2], 10))
+        with pytest.raises(QueueTimeout):
+            await waiting.admitted()
+        with pytest.raises(QueueTimeout):
+            await _stream(waiting)
+        busy.cancel()
+        tokens, _, events = await _stream(busy)
+        assert events[-1].finish_reason == "cancelled"
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_cancel_running_and_pending():
+    async def main():
+        engine = _engine(max_concurrency=1, max_pending=2)
+        engine._core.toy_set_step_delay_us(1000)
+        running = engine.submit(GenerationRequest([1], 1000))
+        pending = engine.submit(GenerationRequest([2], 10))
+        await running.admitted()
+        pending.cancel()
+        with pytest.raises(EngineUnavailable, match="cancelled"):
+            await pending.admitted()
+        got = 0
+        async for event in running:
+            got += len(event.token_ids)
+            if got >= 3:
+                running.cancel()
+                running.cancel()
+            if event.finished:
+                assert event.finish_reason == "cancelled"
+        await asyncio.sleep(0.05)
+        stats = engine.stats()
+        await engine.close()
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats["running"] == 0 and stats["pending"] == 0
+    assert stats["kv_pages_free"] == stats["kv_pages_total"]
+
+
+def test_abandoned_handle_is_cancelled():
+    async def main():
+        engine = _engine(max_concurrency=1)
+        engine._core.toy_set_step_delay_us(1000)
+        handle = engine.submit(GenerationRequest([1], 1000))
+        async for _ in handle:
+            break  # consumer walks away
+        del handle
+        gc.collect()
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if engine.stats()["running"] == 0:
+                break
+        stats = engine.stats()
+        # The lane is free again for the next request.
+        tokens, _, events = await _stream(engine.submit(GenerationRequest([2], 3)))
+        await engine.close()
+        return stats, events
+
+    stats, events = asyncio.run(main())
+    assert stats["running"] == 0 and stats["kv_pages_free"] == stats["kv_pages_total"]
+    assert events[-1].finish_reason == "length"
+
+
+def test_close_fails_running_and_pending_requests():
+    async def main():
+        engine = _engine(max_concurrency=1, max_pending=2)
+        engine._core.toy_set_step_delay_us(1000)
+        running = engine.submit(GenerationRequest([1], 1000))
+        await running.admitted()
+        pending = engine.submit(GenerationRequest([2], 10))
+        await engine.close()
+        with pytest.raises(EngineUnavailable, match="shutting down"):
+            await pending.admitted()
+        _, _, events = await _stream(running)
+        assert events[-1].finish_reason == "error" and "shutting down" in events[-1].error
+
+    asyncio.run(main())
+
+
+def test_warmup_and_metadata():
+    async def main():
+        engine = _engine(max_context=256)
+        await engine.warmup()
+        stats = engine.stats()
+        await engine.close()
+        return engine, stats
+
+    engine, stats = asyncio.run(main())
+    assert stats["requests_finished"] == 1 and stats["tokens_decoded"] == 2
+    assert engine.max_context == 256
+    assert engine.model_info["n_ctx"] == 256 and engine.model_info["n_vocab"] == VOCAB
+
+
+def test_async_context_manager_cancels_on_exit():
+    async def main():
+        engine = _engine(max_concurrency=1)
+        engine._core.toy_set_step_delay_us(1000)
+        async with engine.submit(GenerationRequest([1], 1000)) as handle:
+            await handle.admitted()
+        events = [e async for e in handle]
+        await engine.close()
+        return events
+
+    events = asyncio.run(main())
+    assert events[-1].finish_reason == "cancelled"
