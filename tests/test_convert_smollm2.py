@@ -176,3 +176,23 @@ def test_smollm2_artifact_header(smollm2_artifact: Path) -> None:
     # the Q8_0 embedding is carried over block for block
     source = next(t for t in GGUFReader(GGUF).tensors if t.name == "token_embd.weight")
     np.testing.assert_array_equal(art.tensor("model.embed_tokens.weight"), source.data)
+
+
+def test_token_bytes_of_the_rebuilt_vocabulary() -> None:
+    from ninfer.tokenizer import Tokenizer
+
+    tokenizer_json, header = read_gguf_tokenizer(GGUF)
+    ours = Tokenizer.from_json_bytes(tokenizer_json, bos_token_id=header["bos_token_id"],
+                                     eos_token_ids=header["eos_token_ids"])
+    hf = tokenizers.Tokenizer.from_str(tokenizer_json.decode())
+    table = ours.token_bytes()
+    assert len(table) == ours.vocab_size == 49152
+    checked = 0
+    for token_id in range(0, 49152, 7):  # HF's own decoder agrees wherever UTF-8 is complete
+        text = hf.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            assert table[token_id] == text.encode(), token_id
+            checked += 1
+    assert checked > 6000
+    for text in FIXED + random_strings(200, seed=6):
+        assert ours.decode_bytes(ours.encode(text)) == text.encode(), repr(text)
