@@ -45,6 +45,10 @@ def hf_weights(arch: str, vocab: int, rng: np.random.Generator) -> dict[str, np.
         w[p + "mlp.gate_proj.weight"] = rng.standard_normal((FF, D))
         w[p + "mlp.up_proj.weight"] = rng.standard_normal((FF, D))
         w[p + "mlp.down_proj.weight"] = rng.standard_normal((D, FF))
+        if arch == "qwen2":
+            w[p + "self_attn.q_proj.bias"] = rng.standard_normal(HEADS * hd)
+            w[p + "self_attn.k_proj.bias"] = rng.standard_normal(KV_HEADS * hd)
+            w[p + "self_attn.v_proj.bias"] = rng.standard_normal(KV_HEADS * hd)
         if arch == "qwen3":
             w[p + "self_attn.q_norm.weight"] = rng.standard_normal(hd)
             w[p + "self_attn.k_norm.weight"] = rng.standard_normal(hd)
@@ -60,6 +64,8 @@ GGUF_NAMES = {
     "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight":
     "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_norm.weight":
     "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
 }
 # Storage type per tensor kind in the synthetic GGUF: one of each interesting case.
 STORAGE = {"attn_q.weight": Q.Q8_0, "attn_k.weight": Q.Q4_0, "attn_v.weight": Q.F16,
@@ -144,7 +150,7 @@ def as_f32(art: _core.Artifact, name: str) -> np.ndarray:
     return np.asarray(art.tensor(name))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_gguf_round_trip(tmp_path: Path, arch: str) -> None:
     weights = hf_weights(arch, 400, np.random.default_rng(11))
     held = write_gguf(tmp_path / "tiny.gguf", arch, weights)
@@ -157,13 +163,15 @@ def test_tiny_gguf_round_trip(tmp_path: Path, arch: str) -> None:
         np.testing.assert_array_equal(as_f32(art, name), held[name], err_msg=name)
         step = np.abs(weights[name]).max() / 7  # coarsest storage here is 4-bit
         np.testing.assert_allclose(held[name], weights[name], atol=step, err_msg=name)
-        if name.endswith(("norm.weight", "o_proj.weight", "up_proj.weight", "down_proj.weight")):
+        if name.endswith(("norm.weight", "o_proj.weight", "up_proj.weight", "down_proj.weight",
+                          ".bias")):
             np.testing.assert_array_equal(as_f32(art, name), weights[name], err_msg=name)
     header = json.loads(art.header_json)
     config = header["config"]
     assert config["rope_theta"] == 5e5 and config["rms_norm_eps"] == 1e-5
     assert config["head_dim"] == (32 if arch == "qwen3" else 16)
     assert config["qk_norm"] == (arch == "qwen3") and config["tie_word_embeddings"] is False
+    assert config["attention_bias"] == (arch == "qwen2")
     assert art.resource("chat_template.jinja").decode() == CHATML_TEMPLATE
 
     keep = _core.Artifact.open(str(convert_source(tmp_path / "tiny.gguf", tmp_path / "k.ninfer",
