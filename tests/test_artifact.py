@@ -290,3 +290,26 @@ def test_header_without_required_fields(tmp_path: Path) -> None:
     header = base_header()
     del header["data_size"]
     expect_refusal(craft(tmp_path / "c.ninfer", header, data=GOOD_DATA), "data_size")
+
+
+def test_mangled_headers_never_crash(tmp_path: Path, artifact_path: tuple[Path, dict]) -> None:
+    """Cut or corrupt the header JSON at many places (with a valid CRC): always a clean error."""
+    path, _ = artifact_path
+    raw = path.read_bytes()
+    header_len = struct.unpack_from("<Q", raw, 16)[0]
+    header = raw[PREAMBLE_SIZE:PREAMBLE_SIZE + header_len]
+    rng = np.random.default_rng(99)
+    candidates = [header[:cut] for cut in rng.integers(0, header_len, 40)]
+    for _ in range(60):
+        mangled = bytearray(header)
+        mangled[rng.integers(0, header_len)] = int(rng.choice(list(b'{}[]",:0-9e.tfn\\ \x00\xff')))
+        candidates.append(bytes(mangled))
+    data = raw[align_up(PREAMBLE_SIZE + header_len):]
+    refused = 0
+    for i, candidate in enumerate(candidates):
+        bad = craft(tmp_path / f"m{i}.ninfer", candidate, data=data)
+        try:
+            _core.Artifact.open(str(bad))
+        except _core.ArtifactError:  # any other exception type fails the test
+            refused += 1
+    assert refused >= 40  # every truncation at least
