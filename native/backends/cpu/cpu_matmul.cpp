@@ -16,7 +16,13 @@ namespace {
 constexpr int64_t kRowBlock = 64;            // X rows per task: keeps the X block in L2
 constexpr int64_t kChunkBytes = 32 * 1024;   // weight bytes per task at most (L1/L2 resident)
 
-int64_t columns_per_task(int64_t n, int64_t weight_row_bytes, int threads) {
+int64_t columns_per_task(int64_t m, int64_t n, int64_t weight_row_bytes, int threads) {
+  if (m <= 2) {
+    // Decode: no weight reuse across X rows, so hand each thread long contiguous runs that the
+    // kernels' software prefetch can stream through; two per thread absorb uneven progress.
+    const int64_t chunk = std::max<int64_t>(16, (n + 2 * threads - 1) / (2 * threads));
+    return (chunk + 3) / 4 * 4;
+  }
   const int64_t by_cache = std::max<int64_t>(4, kChunkBytes / std::max<int64_t>(weight_row_bytes, 1));
   const int64_t by_balance = std::max<int64_t>(4, n / (static_cast<int64_t>(threads) * 4));
   const int64_t chunk = std::min(by_cache, by_balance);
@@ -50,7 +56,7 @@ void CpuBackend::matmul(const float* x, int64_t m, const Weight& w, const float*
     case DType::I32: throw std::invalid_argument("matmul: i32 weights are not supported");
   }
 
-  const int64_t cols = columns_per_task(n, w_row_bytes, pool_.size());
+  const int64_t cols = columns_per_task(m, n, w_row_bytes, pool_.size());
   const int64_t col_tasks = (n + cols - 1) / cols;
   const int64_t row_tasks = (m + kRowBlock - 1) / kRowBlock;
   const auto* w_bytes = static_cast<const uint8_t*>(w.data);
