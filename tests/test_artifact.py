@@ -141,7 +141,10 @@ def test_writer_refuses_mismatched_data(tmp_path: Path) -> None:
         writer.write("a", np.zeros((2, 2), np.float64))
     with pytest.raises(ValueError, match="needs 16"):
         writer.write("a", b"\0" * 12)
-    with pytest.raises(ValueError, match="never written"):
+    writer.write_part("a", b"\0" * 12)
+    with pytest.raises(ValueError, match="more than its 16 bytes"):
+        writer.write_part("a", b"\0" * 8)
+    with pytest.raises(ValueError, match="not fully written"):
         writer.close()
     assert not (tmp_path / "x.ninfer").exists() and not (tmp_path / "x.ninfer.partial").exists()
 
@@ -287,3 +290,26 @@ def test_header_without_required_fields(tmp_path: Path) -> None:
     header = base_header()
     del header["data_size"]
     expect_refusal(craft(tmp_path / "c.ninfer", header, data=GOOD_DATA), "data_size")
+
+
+def test_mangled_headers_never_crash(tmp_path: Path, artifact_path: tuple[Path, dict]) -> None:
+    """Cut or corrupt the header JSON at many places (with a valid CRC): always a clean error."""
+    path, _ = artifact_path
+    raw = path.read_bytes()
+    header_len = struct.unpack_from("<Q", raw, 16)[0]
+    header = raw[PREAMBLE_SIZE:PREAMBLE_SIZE + header_len]
+    rng = np.random.default_rng(99)
+    candidates = [header[:cut] for cut in rng.integers(0, header_len, 40)]
+    for _ in range(60):
+        mangled = bytearray(header)
+        mangled[rng.integers(0, header_len)] = int(rng.choice(list(b'{}[]",:0-9e.tfn\\ \x00\xff')))
+        candidates.append(bytes(mangled))
+    data = raw[align_up(PREAMBLE_SIZE + header_len):]
+    refused = 0
+    for i, candidate in enumerate(candidates):
+        bad = craft(tmp_path / f"m{i}.ninfer", candidate, data=data)
+        try:
+            _core.Artifact.open(str(bad))
+        except _core.ArtifactError:  # any other exception type fails the test
+            refused += 1
+    assert refused >= 40  # every truncation at least

@@ -79,7 +79,7 @@ class ArtifactWriter:
         self._specs: dict[str, TensorSpec] = {}
         self._resources: dict[str, bytes] = {}
         self._offsets: dict[str, int] = {}
-        self._written: set[str] = set()
+        self._progress: dict[str, int] = {}  # bytes written per tensor
         self._file: Any = None
         self._data_start = 0
 
@@ -143,37 +143,54 @@ class ArtifactWriter:
             self._file.write(data)
 
     def write(self, name: str, data: np.ndarray | bytes | memoryview) -> None:
-        """Write one declared tensor: a numpy array of the stored element type or raw bytes."""
-        if self._file is None:
-            raise RuntimeError("ArtifactWriter.begin() must be called before write()")
-        spec = self._specs.get(name)
-        if spec is None:
-            raise KeyError(f"tensor {name!r} was not declared")
-        if name in self._written:
+        """Write one declared tensor whole: a numpy array of its stored element type or bytes."""
+        if self._progress.get(name):
             raise ValueError(f"tensor {name!r} written twice")
-        if isinstance(data, np.ndarray):
-            expected = _NUMPY_DTYPES[spec.dtype]
-            if data.dtype != expected:
-                raise TypeError(f"tensor {name!r}: expected numpy {expected}, got {data.dtype}")
-            buffer = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-        else:
-            buffer = memoryview(data).cast("B")
+        buffer = self._buffer(name, data)
+        spec = self._specs[name]
         if buffer.nbytes != spec.nbytes:
             raise ValueError(
                 f"tensor {name!r}: {buffer.nbytes} bytes given, {spec.dtype} {list(spec.shape)} "
                 f"needs {spec.nbytes}"
             )
-        self._file.seek(self._data_start + self._offsets[name])
+        self._append(name, buffer)
+
+    def write_part(self, name: str, data: np.ndarray | bytes | memoryview) -> None:
+        """Append the next consecutive bytes of a tensor (e.g. a block of rows)."""
+        buffer = self._buffer(name, data)
+        spec = self._specs[name]
+        if self._progress.get(name, 0) + buffer.nbytes > spec.nbytes:
+            raise ValueError(f"tensor {name!r}: more than its {spec.nbytes} bytes written")
+        self._append(name, buffer)
+
+    def _buffer(self, name: str, data: np.ndarray | bytes | memoryview) -> memoryview:
+        if self._file is None:
+            raise RuntimeError("ArtifactWriter.begin() must be called before writing tensors")
+        spec = self._specs.get(name)
+        if spec is None:
+            raise KeyError(f"tensor {name!r} was not declared")
+        if isinstance(data, np.ndarray):
+            expected = _NUMPY_DTYPES[spec.dtype]
+            if data.dtype != expected:
+                raise TypeError(f"tensor {name!r}: expected numpy {expected}, got {data.dtype}")
+            return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        return memoryview(data).cast("B")
+
+    def _append(self, name: str, buffer: memoryview) -> None:
+        done = self._progress.get(name, 0)
+        self._file.seek(self._data_start + self._offsets[name] + done)
         self._file.write(buffer)
-        self._written.add(name)
+        self._progress[name] = done + buffer.nbytes
 
     def close(self) -> Path:
         if self._file is None:
             raise RuntimeError("ArtifactWriter.begin() was never called")
-        missing = [name for name in self._specs if name not in self._written]
+        missing = [
+            name for name, spec in self._specs.items() if self._progress.get(name, 0) != spec.nbytes
+        ]
         if missing:
             self.abort()
-            raise ValueError(f"tensors declared but never written: {', '.join(missing[:5])}")
+            raise ValueError(f"tensors declared but not fully written: {', '.join(missing[:5])}")
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
