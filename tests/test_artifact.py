@@ -278,6 +278,8 @@ def test_shape_disagrees_with_nbytes(tmp_path: Path) -> None:
     tensors = {"t": {"dtype": "f32", "shape": [4], "offset": 8, "nbytes": 16}}
     expect_refusal(craft(tmp_path / "e.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
                    "not 256-byte aligned")
+    with pytest.raises(ArtifactFormatError, match="not 256-byte aligned"):
+        read_header(tmp_path / "e.ninfer")
     tensors = {"t": {"dtype": "f32", "shape": [2**40, 2**40], "offset": 0, "nbytes": 16}}
     expect_refusal(craft(tmp_path / "f.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
                    "too large")

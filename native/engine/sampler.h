@@ -34,7 +34,8 @@ class Sampler {
 
  private:
   struct Candidate {
-    float weight;  // exp((logit - max) / temperature), so the best token weighs 1
+    float weight;  // exp((logit - max) / temperature), so the best token weighs 1 (briefly the
+                   // raw logit while top_k selects)
     int32_t id;
   };
   void apply_penalties(std::span<float> logits, const TokenCounts& generated) const;

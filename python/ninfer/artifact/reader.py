@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.artifact.layout import (
+    ALIGNMENT,
     FORMAT_VERSION,
     MAGIC,
     PREAMBLE_SIZE,
@@ -109,6 +110,8 @@ def read_header(path: str | os.PathLike[str]) -> ArtifactHeader:
         if not isinstance(entry, dict):
             raise fail(f"tensor {name!r} entry is not an object")
         _check_extent(fail, f"tensor {name!r}", entry.get("offset"), entry.get("nbytes"), data_size)
+        if entry["offset"] % ALIGNMENT:
+            raise fail(f"tensor {name!r} offset {entry['offset']} is not {ALIGNMENT}-byte aligned")
         try:
             expected = tensor_nbytes(entry.get("dtype"), entry.get("shape"))
         except (TypeError, ValueError) as e:
