@@ -103,7 +103,9 @@ def make_random_artifact(
         writer.declare(tensor_name, targets[tensor_name], shape)
     writer.add_resource("tokenizer.json", tokenizer_json)
     writer.add_resource("chat_template.jinja", (chat_template or CHATML_TEMPLATE).encode())
-    writer.add_resource("config.json", json.dumps(config, indent=2, sort_keys=True).encode())
+    # model_type lets transformers.AutoConfig rebuild the reference model from this resource
+    hf_config = {"model_type": architecture, **config}
+    writer.add_resource("config.json", json.dumps(hf_config, indent=2, sort_keys=True).encode())
     try:
         writer.begin()
         total = sum(int(np.prod(s)) for s in shapes.values())
