@@ -8,8 +8,8 @@ at the token's rank, ignore_merges on — so it encodes exactly as tiktoken does
 added tokens at their real ids (model spec §6.1). Only the rank file of that package is used:
 its own `encode` turns special-token spellings inside user text into control tokens.
 
-Building takes about 2.5 s and writes ~12 MB (compact JSON), so the JSON is cached on disk, keyed by the
-rank file's hash and the builder version.
+Building takes about 2.5 s and writes ~12 MB (compact JSON), so the JSON is cached on disk,
+keyed by the rank file's hash and the builder version.
 """
 
 from __future__ import annotations
