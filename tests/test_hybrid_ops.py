@@ -524,3 +524,67 @@ def test_sparse_moe_block_matches_hf(gen):
         shared = block.shared_expert(h)
         out = hybrid.moe_add_gated_shared(f32(shared), f32(block.shared_expert_gate(h)[:, 0]), out)
     assert_close(out, expected, gen, rtol=1e-4, atol=1e-5, what="MoE block")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_gdn_batch_of_lanes_equals_each_lane_alone(gen, threads):
+    """Stacked sequences at different stages (decode steps and prefill runs) with their own
+    carried states give exactly what each gives alone."""
+    config = small_text_config()
+    layer = random_gdn_layer(gen, config)
+    lengths = [1, 70, 1, 3, 130, 0, 1]
+    conv0, ssm0 = zero_states(config)
+    conv_states = np.stack([f32(randn(gen, *conv0.shape, scale=0.5)) for _ in lengths])
+    ssm_states = np.stack([f32(randn(gen, *ssm0.shape, scale=0.3)) for _ in lengths])
+    x = torch.randn(sum(lengths), config.hidden_size, generator=gen)
+    with torch.no_grad():
+        mixed, z = layer.in_proj_qkv(x), layer.in_proj_z(x)
+        b, a = layer.in_proj_b(x), layer.in_proj_a(x)
+    weights = (
+        f32(layer.conv1d.weight[:, 0]),
+        f32(layer.A_log),
+        f32(layer.dt_bias),
+        f32(layer.norm.weight),
+    )
+    heads = dict(key_heads=config.linear_num_key_heads, key_dim=config.linear_key_head_dim)
+    out, conv_after, ssm_after = hybrid.gdn_mixer_batch(
+        f32(mixed),
+        f32(z),
+        f32(b),
+        f32(a),
+        *weights,
+        lengths,
+        conv_states,
+        ssm_states,
+        threads=threads,
+        **heads,
+    )
+    start = 0
+    for i, n in enumerate(lengths):
+        rows = slice(start, start + n)
+        alone, conv_alone, ssm_alone = hybrid.gdn_mixer_core(
+            f32(mixed[rows]),
+            f32(z[rows]),
+            f32(b[rows]),
+            f32(a[rows]),
+            *weights,
+            conv_states[i],
+            ssm_states[i],
+            **heads,
+        )
+        np.testing.assert_array_equal(out[rows], alone, err_msg=f"lane {i}")
+        np.testing.assert_array_equal(conv_after[i], conv_alone)
+        np.testing.assert_array_equal(ssm_after[i], ssm_alone)
+        start += n
+    with pytest.raises(ValueError, match="lengths"):
+        hybrid.gdn_mixer_batch(
+            f32(mixed),
+            f32(z),
+            f32(b),
+            f32(a),
+            *weights,
+            [1] * len(lengths),
+            conv_states,
+            ssm_states,
+            **heads,
+        )

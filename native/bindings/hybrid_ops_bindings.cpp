@@ -219,6 +219,56 @@ void bind_gdn(py::module_& h) {
       py::arg("ssm_state"), py::arg("key_heads"), py::arg("key_dim"), py::arg("form") = "auto",
       py::arg("eps") = 1e-6f, py::arg("chunk_size") = 64, py::arg("threads") = 1,
       "GDN layer between its projections -> (out [T, Hv*dv], conv_state, ssm_state)");
+  h.def(
+      "gdn_mixer_batch",
+      [](const F32& mixed, const F32& z, const F32& b, const F32& a, const F32& conv_weight,
+         const F32& A_log, const F32& dt_bias, const F32& norm_weight,
+         const std::vector<int64_t>& lengths, const F32& conv_states, const F32& ssm_states,
+         int64_t key_heads, int64_t key_dim, float eps, int64_t chunk_size, int threads) {
+        const int64_t num = static_cast<int64_t>(lengths.size());
+        expect_shape(ssm_states, {num, -1, key_dim, -1}, "ssm_states");
+        cpu::GdnLayerParams p;
+        p.dims = {key_heads, ssm_states.shape(1), key_dim, ssm_states.shape(3)};
+        p.dims.validate();
+        const int64_t rows = mixed.shape(0), channels = p.dims.conv_channels();
+        expect_shape(mixed, {rows, channels}, "mixed");
+        expect_shape(z, {rows, p.dims.value_width()}, "z");
+        expect_shape(b, {rows, p.dims.value_heads}, "b");
+        expect_shape(a, {rows, p.dims.value_heads}, "a");
+        expect_shape(conv_weight, {channels, -1}, "conv_weight");
+        expect_shape(conv_states, {num, conv_weight.shape(1) - 1, channels}, "conv_states");
+        expect_shape(A_log, {p.dims.value_heads}, "A_log");
+        expect_shape(dt_bias, {p.dims.value_heads}, "dt_bias");
+        expect_shape(norm_weight, {p.dims.value_dim}, "norm_weight");
+        p.conv_kernel = conv_weight.shape(1);
+        p.norm_eps = eps;
+        p.chunk_size = chunk_size;
+        p.conv_weight = conv_weight.data();
+        p.A_log = A_log.data();
+        p.dt_bias = dt_bias.data();
+        p.norm_weight = norm_weight.data();
+        F32 work = copy_of(mixed), new_conv = copy_of(conv_states), new_ssm = copy_of(ssm_states);
+        F32 out = empty_like_shape({rows, p.dims.value_width()});
+        std::vector<cpu::GdnSequence> seqs;
+        int64_t row = 0;
+        const int64_t conv_floats = (p.conv_kernel - 1) * channels;
+        for (int64_t i = 0; i < num; ++i) {
+          seqs.push_back({row, lengths[i], new_conv.mutable_data() + i * conv_floats,
+                          new_ssm.mutable_data() + i * p.dims.state_floats()});
+          row += lengths[i];
+        }
+        if (row != rows) throw std::invalid_argument("lengths do not sum to the rows of mixed");
+        const auto range = thread_range(threads);
+        cpu::gdn_mixer_batch(p, seqs, work.mutable_data(), z.data(), b.data(), a.data(),
+                             out.mutable_data(), cpu::DeltaRuleForm::Auto,
+                             threads > 1 ? &range : nullptr);
+        return py::make_tuple(out, new_conv, new_ssm);
+      },
+      py::arg("mixed"), py::arg("z"), py::arg("b"), py::arg("a"), py::arg("conv_weight"),
+      py::arg("A_log"), py::arg("dt_bias"), py::arg("norm_weight"), py::arg("lengths"),
+      py::arg("conv_states"), py::arg("ssm_states"), py::arg("key_heads"), py::arg("key_dim"),
+      py::arg("eps") = 1e-6f, py::arg("chunk_size") = 64, py::arg("threads") = 1,
+      "GDN core for stacked sequences -> (out, conv_states [N,K-1,C], ssm_states [N,Hv,dk,dv])");
 }
 
 void bind_gated_attention(py::module_& h) {

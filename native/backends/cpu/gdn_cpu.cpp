@@ -46,6 +46,44 @@ void validate_io(const GdnDims& dims, int64_t tokens, const DeltaRuleIo& io, con
   require(io.out_stride >= dims.value_width(), "gated delta rule: out_stride < Hv*dv");
 }
 
+constexpr int64_t kConvBlock = 64;  // channels per conv work item; the window stays in L1
+
+int64_t conv_blocks(int64_t channels) { return (channels + kConvBlock - 1) / kConvBlock; }
+
+void validate_conv(int64_t x_stride, int64_t tokens, int64_t channels, int64_t kernel,
+                   int64_t out_stride) {
+  require(kernel >= 1, "causal_conv1d_silu: kernel must be >= 1");
+  require(channels > 0 && tokens >= 0, "causal_conv1d_silu: channels must be > 0, tokens >= 0");
+  require(x_stride >= channels && out_stride >= channels,
+          "causal_conv1d_silu: row strides must be >= channels");
+}
+
+// The conv over channel block `blk` for all tokens. window holds (kernel-1) × kConvBlock floats.
+void conv_block(const float* x, int64_t x_stride, int64_t tokens, int64_t channels,
+                const float* weight, int64_t kernel, float* conv_state, float* out,
+                int64_t out_stride, int64_t blk, float* window) {
+  const int64_t history = kernel - 1;
+  const int64_t c0 = blk * kConvBlock, n = std::min(kConvBlock, channels - c0);
+  for (int64_t j = 0; j < history; ++j)
+    std::memcpy(&window[j * kConvBlock], conv_state + j * channels + c0, n * sizeof(float));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* in = x + t * x_stride + c0;
+    float* o = out + t * out_stride + c0;
+    for (int64_t c = 0; c < n; ++c) {
+      const float* wc = weight + (c0 + c) * kernel;
+      const float current = in[c];  // read before o[c] is written: out may alias x
+      float acc = wc[history] * current;
+      for (int64_t j = 0; j < history; ++j) acc += wc[j] * window[j * kConvBlock + c];
+      for (int64_t j = 0; j + 1 < history; ++j)
+        window[j * kConvBlock + c] = window[(j + 1) * kConvBlock + c];
+      if (history > 0) window[(history - 1) * kConvBlock + c] = current;
+      o[c] = silu(acc);
+    }
+  }
+  for (int64_t j = 0; j < history; ++j)
+    std::memcpy(conv_state + j * channels + c0, &window[j * kConvBlock], n * sizeof(float));
+}
+
 // One value head of the chunked form over all chunks of the sequence.
 class ChunkedHead {
  public:
@@ -134,6 +172,44 @@ class ChunkedHead {
   std::vector<float> cum_, decay_, kk_, qk_, tail_, u_, w_;
 };
 
+// One value head of the token-by-token form.
+class RecurrentHead {
+ public:
+  explicit RecurrentHead(const GdnDims& dims) : dims_(dims), delta_(dims.value_dim) {}
+
+  // state is this head's [dk, dv]; history (optional) is the whole [tokens, Hv, dk, dv].
+  void run(int64_t h, int64_t tokens, const DeltaRuleIo& io, float* state, float* history) {
+    const int64_t hv = dims_.value_heads, dk = dims_.key_dim, dv = dims_.value_dim;
+    const int64_t kh = h / (hv / dims_.key_heads), head_floats = dk * dv;
+    float* delta = delta_.data();
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float* q = io.q + t * io.qk_stride + kh * dk;
+      const float* k = io.k + t * io.qk_stride + kh * dk;
+      const float* v = io.v + t * io.v_stride + h * dv;
+      float* o = io.out + t * io.out_stride + h * dv;
+      const float decay = std::exp(io.g[t * hv + h]);
+      const float beta = io.beta[t * hv + h];
+      // Memory read from the decayed state: (decay·S)ᵀ k.
+      std::fill(delta, delta + dv, 0.0f);
+      for (int64_t i = 0; i < dk; ++i) axpy(k[i], state + i * dv, delta, dv);
+      for (int64_t j = 0; j < dv; ++j) delta[j] = beta * (v[j] - decay * delta[j]);
+      // Decay, write k ⊗ δ, and read the output from the updated state.
+      std::fill(o, o + dv, 0.0f);
+      for (int64_t i = 0; i < dk; ++i) {
+        float* row = state + i * dv;
+        for (int64_t j = 0; j < dv; ++j) row[j] = decay * row[j] + k[i] * delta[j];
+        axpy(q[i], row, o, dv);
+      }
+      if (history != nullptr)
+        std::memcpy(history + (t * hv + h) * head_floats, state, head_floats * sizeof(float));
+    }
+  }
+
+ private:
+  const GdnDims& dims_;
+  std::vector<float> delta_;
+};
+
 }  // namespace
 
 void GdnDims::validate() const {
@@ -146,37 +222,14 @@ void GdnDims::validate() const {
 void causal_conv1d_silu(const float* x, int64_t x_stride, int64_t tokens, int64_t channels,
                         const float* weight, int64_t kernel, float* conv_state, float* out,
                         int64_t out_stride, const ParallelRange* parallel) {
-  require(kernel >= 1, "causal_conv1d_silu: kernel must be >= 1");
-  require(channels > 0 && tokens >= 0, "causal_conv1d_silu: channels must be > 0, tokens >= 0");
-  require(x_stride >= channels && out_stride >= channels,
-          "causal_conv1d_silu: row strides must be >= channels");
+  validate_conv(x_stride, tokens, channels, kernel, out_stride);
   require(x && weight && out && (conv_state || kernel == 1),
           "causal_conv1d_silu: null pointer argument");
-  const int64_t history = kernel - 1;
-  constexpr int64_t kBlock = 64;  // channels per work item; the window stays in L1
-  run_range(parallel, (channels + kBlock - 1) / kBlock, [&](int64_t first, int64_t last) {
-    std::vector<float> window(history * kBlock);
-    for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t c0 = blk * kBlock, n = std::min(kBlock, channels - c0);
-      for (int64_t j = 0; j < history; ++j)
-        std::memcpy(&window[j * kBlock], conv_state + j * channels + c0, n * sizeof(float));
-      for (int64_t t = 0; t < tokens; ++t) {
-        const float* in = x + t * x_stride + c0;
-        float* o = out + t * out_stride + c0;
-        for (int64_t c = 0; c < n; ++c) {
-          const float* wc = weight + (c0 + c) * kernel;
-          const float current = in[c];  // read before o[c] is written: out may alias x
-          float acc = wc[history] * current;
-          for (int64_t j = 0; j < history; ++j) acc += wc[j] * window[j * kBlock + c];
-          for (int64_t j = 0; j + 1 < history; ++j)
-            window[j * kBlock + c] = window[(j + 1) * kBlock + c];
-          if (history > 0) window[(history - 1) * kBlock + c] = current;
-          o[c] = silu(acc);
-        }
-      }
-      for (int64_t j = 0; j < history; ++j)
-        std::memcpy(conv_state + j * channels + c0, &window[j * kBlock], n * sizeof(float));
-    }
+  run_range(parallel, conv_blocks(channels), [&](int64_t first, int64_t last) {
+    std::vector<float> window((kernel - 1) * kConvBlock);
+    for (int64_t blk = first; blk < last; ++blk)
+      conv_block(x, x_stride, tokens, channels, weight, kernel, conv_state, out, out_stride, blk,
+                 window.data());
   });
 }
 
@@ -211,35 +264,11 @@ void gated_delta_rule_recurrent(const GdnDims& dims, int64_t tokens, const Delta
                                 float* state, float* state_history,
                                 const ParallelRange* parallel) {
   validate_io(dims, tokens, io, state);
-  const int64_t hv = dims.value_heads, dk = dims.key_dim, dv = dims.value_dim;
-  const int64_t ratio = hv / dims.key_heads, head_floats = dk * dv;
-  run_range(parallel, hv, [&](int64_t first, int64_t last) {
-    std::vector<float> delta(dv);
-    for (int64_t h = first; h < last; ++h) {
-      float* s = state + h * head_floats;
-      const int64_t kh = h / ratio;
-      for (int64_t t = 0; t < tokens; ++t) {
-        const float* q = io.q + t * io.qk_stride + kh * dk;
-        const float* k = io.k + t * io.qk_stride + kh * dk;
-        const float* v = io.v + t * io.v_stride + h * dv;
-        float* o = io.out + t * io.out_stride + h * dv;
-        const float decay = std::exp(io.g[t * hv + h]);
-        const float beta = io.beta[t * hv + h];
-        // Memory read from the decayed state: (decay·S)ᵀ k.
-        std::fill(delta.begin(), delta.end(), 0.0f);
-        for (int64_t i = 0; i < dk; ++i) axpy(k[i], s + i * dv, delta.data(), dv);
-        for (int64_t j = 0; j < dv; ++j) delta[j] = beta * (v[j] - decay * delta[j]);
-        // Decay, write k ⊗ δ, and read the output from the updated state.
-        std::fill(o, o + dv, 0.0f);
-        for (int64_t i = 0; i < dk; ++i) {
-          float* row = s + i * dv;
-          for (int64_t j = 0; j < dv; ++j) row[j] = decay * row[j] + k[i] * delta[j];
-          axpy(q[i], row, o, dv);
-        }
-        if (state_history != nullptr)
-          std::memcpy(state_history + (t * hv + h) * head_floats, s, head_floats * sizeof(float));
-      }
-    }
+  const int64_t head_floats = dims.key_dim * dims.value_dim;
+  run_range(parallel, dims.value_heads, [&](int64_t first, int64_t last) {
+    RecurrentHead worker(dims);
+    for (int64_t h = first; h < last; ++h)
+      worker.run(h, tokens, io, state + h * head_floats, state_history);
   });
 }
 
@@ -267,36 +296,86 @@ void gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, co
   }
 }
 
+void gdn_mixer_batch(const GdnLayerParams& layer, std::span<const GdnSequence> sequences,
+                     float* mixed, const float* z, const float* b, const float* a, float* out,
+                     DeltaRuleForm form, const ParallelRange* parallel) {
+  const GdnDims& dims = layer.dims;
+  dims.validate();
+  require(layer.chunk_size >= 1, "gdn_mixer_batch: chunk_size must be >= 1");
+  require(layer.conv_kernel >= 1, "gdn_mixer_batch: conv_kernel must be >= 1");
+  int64_t rows = 0;
+  for (const auto& seq : sequences) {
+    require(seq.row_begin == rows && seq.num_tokens >= 0,
+            "gdn_mixer_batch: sequences must tile the rows in order");
+    require(seq.ssm_state && (seq.conv_state || layer.conv_kernel == 1),
+            "gdn_mixer_batch: null state pointer");
+    rows += seq.num_tokens;
+  }
+  if (rows == 0) return;
+  require(mixed && z && b && a && out && layer.conv_weight && layer.A_log && layer.dt_bias &&
+              layer.norm_weight,
+          "gdn_mixer_batch: null pointer argument");
+  const int64_t channels = dims.conv_channels(), hv = dims.value_heads;
+  const int64_t num_seqs = static_cast<int64_t>(sequences.size());
+  const int64_t blocks = conv_blocks(channels), head_floats = dims.key_dim * dims.value_dim;
+
+  // Conv (in place) over (sequence, channel block) items.
+  run_range(parallel, num_seqs * blocks, [&](int64_t first, int64_t last) {
+    std::vector<float> window((layer.conv_kernel - 1) * kConvBlock);
+    for (int64_t item = first; item < last; ++item) {
+      const GdnSequence& seq = sequences[item / blocks];
+      float* rows_at = mixed + seq.row_begin * channels;
+      conv_block(rows_at, channels, seq.num_tokens, channels, layer.conv_weight,
+                 layer.conv_kernel, seq.conv_state, rows_at, channels, item % blocks,
+                 window.data());
+    }
+  });
+  // q/k normalisation and the gates, row by row.
+  std::vector<float> beta(rows * hv), g(rows * hv);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dims.key_dim));
+  run_range(parallel, rows, [&](int64_t first, int64_t last) {
+    float* q = mixed + first * channels;
+    l2norm_heads(q, channels, last - first, dims.key_heads, dims.key_dim, q_scale);
+    l2norm_heads(q + dims.key_width(), channels, last - first, dims.key_heads, dims.key_dim, 1.0f);
+    gdn_gates(b + first * hv, hv, a + first * hv, hv, last - first, hv, layer.A_log,
+              layer.dt_bias, beta.data() + first * hv, g.data() + first * hv);
+  });
+  // The delta rule over (sequence, value head) items.
+  run_range(parallel, num_seqs * hv, [&](int64_t first, int64_t last) {
+    ChunkedHead chunked(dims, layer.chunk_size);
+    RecurrentHead recurrent(dims);
+    for (int64_t item = first; item < last; ++item) {
+      const GdnSequence& seq = sequences[item / hv];
+      const int64_t h = item % hv, r0 = seq.row_begin;
+      if (seq.num_tokens == 0) continue;
+      const float* q = mixed + r0 * channels;
+      const DeltaRuleIo io{q, q + dims.key_width(), channels, q + 2 * dims.key_width(), channels,
+                           g.data() + r0 * hv, beta.data() + r0 * hv,
+                           out + r0 * dims.value_width(), dims.value_width()};
+      const bool use_chunked = form == DeltaRuleForm::Chunked ||
+                               (form == DeltaRuleForm::Auto && seq.num_tokens > 1);
+      float* state = seq.ssm_state + h * head_floats;
+      if (use_chunked) {
+        chunked.run(h, seq.num_tokens, io, state);
+      } else {
+        recurrent.run(h, seq.num_tokens, io, state, nullptr);
+      }
+    }
+  });
+  run_range(parallel, rows, [&](int64_t first, int64_t last) {
+    float* o = out + first * dims.value_width();
+    gated_rmsnorm(o, z + first * dims.value_width(), (last - first) * hv, dims.value_dim,
+                  layer.norm_weight, layer.norm_eps, o);
+  });
+}
+
 void gdn_mixer_core(const GdnLayerParams& layer, int64_t tokens, float* mixed, const float* z,
                     const float* b, const float* a, float* conv_state, float* ssm_state,
                     float* out, DeltaRuleForm form, const ParallelRange* parallel) {
-  const GdnDims& dims = layer.dims;
-  dims.validate();
   require(tokens >= 0, "gdn_mixer_core: tokens must be >= 0");
-  if (tokens == 0) return;
-  require(mixed && z && b && a && ssm_state && out && layer.conv_weight && layer.A_log &&
-              layer.dt_bias && layer.norm_weight,
-          "gdn_mixer_core: null pointer argument");
-  const int64_t channels = dims.conv_channels(), hv = dims.value_heads;
-  causal_conv1d_silu(mixed, channels, tokens, channels, layer.conv_weight, layer.conv_kernel,
-                     conv_state, mixed, channels, parallel);
-  float* q = mixed;
-  float* k = mixed + dims.key_width();
-  const float* v = mixed + 2 * dims.key_width();
-  l2norm_heads(q, channels, tokens, dims.key_heads, dims.key_dim,
-               1.0f / std::sqrt(static_cast<float>(dims.key_dim)));
-  l2norm_heads(k, channels, tokens, dims.key_heads, dims.key_dim, 1.0f);
-  std::vector<float> beta(tokens * hv), g(tokens * hv);
-  gdn_gates(b, hv, a, hv, tokens, hv, layer.A_log, layer.dt_bias, beta.data(), g.data());
-  const DeltaRuleIo io{q, k, channels, v, channels, g.data(), beta.data(), out, dims.value_width()};
-  const bool chunked =
-      form == DeltaRuleForm::Chunked || (form == DeltaRuleForm::Auto && tokens > 1);
-  if (chunked) {
-    gated_delta_rule_chunked(dims, tokens, io, ssm_state, layer.chunk_size, parallel);
-  } else {
-    gated_delta_rule_recurrent(dims, tokens, io, ssm_state, nullptr, parallel);
-  }
-  gated_rmsnorm(out, z, tokens * hv, dims.value_dim, layer.norm_weight, layer.norm_eps, out);
+  const GdnSequence seq{0, tokens, conv_state, ssm_state};
+  gdn_mixer_batch(layer, std::span<const GdnSequence>(&seq, 1), mixed, z, b, a, out, form,
+                  parallel);
 }
 
 }  // namespace ninfer::cpu

@@ -5,10 +5,11 @@
 // Layer data flow (spec §2.4): mixed = in_proj_qkv(x) → causal_conv1d_silu → split q|k|v →
 // l2norm_heads(q, scale dk^-0.5), l2norm_heads(k) → gdn_gates(b, a) → gated delta rule
 // (chunked for prefill, recurrent for decode) → gated_rmsnorm(·, z) → out_proj.
-// gdn_mixer_core runs every step between the projections.
+// gdn_mixer_core / gdn_mixer_batch run every step between the projections.
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "backends/cpu/parallel_range.h"
 
@@ -108,5 +109,23 @@ void gdn_mixer_core(const GdnLayerParams& layer, int64_t tokens, float* mixed, c
                     const float* b, const float* a, float* conv_state, float* ssm_state,
                     float* out, DeltaRuleForm form = DeltaRuleForm::Auto,
                     const ParallelRange* parallel = nullptr);
+
+// One sequence of a batched GDN call: its rows in the step's arrays and its state slot.
+struct GdnSequence {
+  int64_t row_begin = 0;
+  int64_t num_tokens = 0;
+  float* conv_state = nullptr;  // [K-1, conv_channels]
+  float* ssm_state = nullptr;   // [Hv, dk, dv]
+};
+
+// gdn_mixer_core for several sequences whose rows are stacked in mixed/z/b/a/out; the
+// sequences must tile the rows in order (row_begin = sum of the earlier num_tokens), as the
+// slices of a BatchPlan do. Each sequence takes the chunked form when it has more than one token
+// (form Auto); work is spread over (sequence, head) pairs so a decode batch of many lanes
+// parallelises as well as one long prefill.
+void gdn_mixer_batch(const GdnLayerParams& layer, std::span<const GdnSequence> sequences,
+                     float* mixed, const float* z, const float* b, const float* a, float* out,
+                     DeltaRuleForm form = DeltaRuleForm::Auto,
+                     const ParallelRange* parallel = nullptr);
 
 }  // namespace ninfer::cpu
