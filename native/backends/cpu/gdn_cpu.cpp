@@ -1,11 +1,22 @@
 #include "backends/cpu/gdn_cpu.h"
 
 #include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+// The inner loops get an AVX2/FMA clone picked at load time (GCC/Clang ifunc) on x86-64; the
+// rest of the core is built for the baseline ISA.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NINFER_VECTOR_CLONES __attribute__((target_clones("avx2,fma", "default")))
+#else
+#define NINFER_VECTOR_CLONES
+#endif
 
 namespace ninfer::cpu {
 namespace {
@@ -21,7 +32,7 @@ float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // Dot product with independent partial sums, so the loop vectorises without -ffast-math.
-float dot(const float* a, const float* b, int64_t n) {
+NINFER_VECTOR_CLONES float dot(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -31,8 +42,93 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-void axpy(float alpha, const float* x, float* y, int64_t n) {
+NINFER_VECTOR_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// One state row of a recurrent step: row ← decay·row + k_i·δ, then o += q_i·row.
+NINFER_VECTOR_CLONES void decay_write_read(float* row, float decay, float k_i, const float* delta,
+                                           float q_i, float* o, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float updated = decay * row[j] + k_i * delta[j];
+    row[j] = updated;
+    o[j] += q_i * updated;
+  }
+}
+
+// C[m, n] += alpha · A[m, k] · B[k, n] (row strides lda, ldb, ldc), portable version: four rows
+// of C at a time so each row of B is loaded once per four output rows.
+void gemm_accumulate_portable(int64_t m, int64_t n, int64_t k, float alpha, const float* A,
+                              int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
+    float* c0 = C + r * ldc;
+    float* c1 = c0 + ldc;
+    float* c2 = c1 + ldc;
+    float* c3 = c2 + ldc;
+    const float* a = A + r * lda;
+    for (int64_t p = 0; p < k; ++p) {
+      const float a0 = alpha * a[p], a1 = alpha * a[lda + p];
+      const float a2 = alpha * a[2 * lda + p], a3 = alpha * a[3 * lda + p];
+      const float* b = B + p * ldb;
+      for (int64_t j = 0; j < n; ++j) {
+        const float bj = b[j];
+        c0[j] += a0 * bj;
+        c1[j] += a1 * bj;
+        c2[j] += a2 * bj;
+        c3[j] += a3 * bj;
+      }
+    }
+  }
+  for (; r < m; ++r)
+    for (int64_t p = 0; p < k; ++p) axpy(alpha * A[r * lda + p], B + p * ldb, C + r * ldc, n);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// AVX2/FMA version: 4 × 16 blocks of C live in eight registers across the whole k loop.
+__attribute__((target("avx2,fma"))) void gemm_accumulate_avx2(int64_t m, int64_t n, int64_t k,
+                                                              float alpha, const float* A,
+                                                              int64_t lda, const float* B,
+                                                              int64_t ldb, float* C, int64_t ldc) {
+  const int64_t full_rows = m - m % 4, full_cols = n - n % 16;
+  for (int64_t r = 0; r < full_rows; r += 4) {
+    for (int64_t c = 0; c < full_cols; c += 16) {
+      __m256 acc[4][2];
+      for (auto& row : acc) row[0] = row[1] = _mm256_setzero_ps();
+      for (int64_t p = 0; p < k; ++p) {
+        const __m256 b0 = _mm256_loadu_ps(B + p * ldb + c);
+        const __m256 b1 = _mm256_loadu_ps(B + p * ldb + c + 8);
+        for (int i = 0; i < 4; ++i) {
+          const __m256 a = _mm256_broadcast_ss(A + (r + i) * lda + p);
+          acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+          acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+        }
+      }
+      const __m256 scale = _mm256_set1_ps(alpha);
+      for (int i = 0; i < 4; ++i) {
+        float* out = C + (r + i) * ldc + c;
+        _mm256_storeu_ps(out, _mm256_fmadd_ps(scale, acc[i][0], _mm256_loadu_ps(out)));
+        _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(scale, acc[i][1], _mm256_loadu_ps(out + 8)));
+      }
+    }
+  }
+  if (full_cols < n)  // leftover columns of the full row blocks
+    gemm_accumulate_portable(full_rows, n - full_cols, k, alpha, A, lda, B + full_cols, ldb,
+                             C + full_cols, ldc);
+  if (full_rows < m)
+    gemm_accumulate_portable(m - full_rows, n, k, alpha, A + full_rows * lda, lda, B, ldb,
+                             C + full_rows * ldc, ldc);
+}
+
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+
+void gemm_accumulate(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+                     const float* B, int64_t ldb, float* C, int64_t ldc) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveAvx2) return gemm_accumulate_avx2(m, n, k, alpha, A, lda, B, ldb, C, ldc);
+#endif
+  gemm_accumulate_portable(m, n, k, alpha, A, lda, B, ldb, C, ldc);
 }
 
 void validate_io(const GdnDims& dims, int64_t tokens, const DeltaRuleIo& io, const float* state) {
@@ -89,7 +185,7 @@ class ChunkedHead {
  public:
   ChunkedHead(const GdnDims& dims, int64_t chunk)
       : dims_(dims), chunk_(chunk), cum_(chunk), decay_(chunk * chunk), kk_(chunk * chunk),
-        qk_(chunk * chunk), tail_(chunk), u_(chunk * dims.value_dim), w_(chunk * dims.key_dim) {}
+        qk_(chunk * chunk), u_(chunk * dims.value_dim), w_(chunk * dims.key_dim) {}
 
   void run(int64_t head, int64_t tokens, const DeltaRuleIo& io, float* state) {
     for (int64_t start = 0; start < tokens; start += chunk_)
@@ -139,37 +235,34 @@ class ChunkedHead {
       }
     }
     // V' = U - W S_in, stored over U: what the chunk writes beyond what the old state predicts.
+    gemm_accumulate(len, dv, dk, -1.0f, w_.data(), dk, state, dv, u_.data(), dv);
+    // O = diag(exp(G)) Q S_in + P V' with P_rs = (q_r·k_s) exp(G_r - G_s) for s <= r, else 0.
+    float* o = io.out + start * io.out_stride + h * dv;
+    for (int64_t r = 0; r < len; ++r) std::fill_n(o + r * io.out_stride, dv, 0.0f);
+    gemm_accumulate(len, dv, dk, 1.0f, q_row(io, start, kh), io.qk_stride, state, dv, o,
+                    io.out_stride);
     for (int64_t r = 0; r < len; ++r) {
-      float* vp = &u_[r * dv];
-      const float* w = &w_[r * dk];
-      for (int64_t i = 0; i < dk; ++i) axpy(-w[i], state + i * dv, vp, dv);
-    }
-    // O_r = exp(G_r) q_r S_in + Σ_{s<=r} (q_r·k_s) exp(G_r - G_s) V'_s.
-    for (int64_t r = 0; r < len; ++r) {
-      float* o = io.out + (start + r) * io.out_stride + h * dv;
-      const float* q = q_row(io, start + r, kh);
-      std::fill(o, o + dv, 0.0f);
-      for (int64_t i = 0; i < dk; ++i) axpy(q[i], state + i * dv, o, dv);
       const float inter = std::exp(cum_[r]);
-      for (int64_t j = 0; j < dv; ++j) o[j] *= inter;
-      for (int64_t s = 0; s <= r; ++s)
-        axpy(qk_[r * chunk_ + s] * decay_[r * chunk_ + s], &u_[s * dv], o, dv);
+      for (int64_t j = 0; j < dv; ++j) o[r * io.out_stride + j] *= inter;
+      for (int64_t s = 0; s < len; ++s)
+        qk_[r * chunk_ + s] = s <= r ? qk_[r * chunk_ + s] * decay_[r * chunk_ + s] : 0.0f;
     }
-    // S_out = exp(G_last) S_in + Σ_r exp(G_last - G_r) k_r ⊗ V'_r.
+    gemm_accumulate(len, dv, len, 1.0f, qk_.data(), chunk_, u_.data(), dv, o, io.out_stride);
+    // S_out = exp(G_last) S_in + Kdᵀ V' with Kd_r = exp(G_last - G_r) k_r.
     const float last = cum_[len - 1];
     const float chunk_decay = std::exp(last);
-    for (int64_t r = 0; r < len; ++r) tail_[r] = std::exp(last - cum_[r]);
-    for (int64_t i = 0; i < dk; ++i) {
-      float* row = state + i * dv;
-      for (int64_t j = 0; j < dv; ++j) row[j] *= chunk_decay;
-      for (int64_t r = 0; r < len; ++r)
-        axpy(k_row(io, start + r, kh)[i] * tail_[r], &u_[r * dv], row, dv);
+    for (int64_t r = 0; r < len; ++r) {
+      const float tail = std::exp(last - cum_[r]);
+      const float* k = k_row(io, start + r, kh);
+      for (int64_t i = 0; i < dk; ++i) w_[i * chunk_ + r] = tail * k[i];  // W is spent: reuse
     }
+    for (int64_t i = 0; i < dk * dv; ++i) state[i] *= chunk_decay;
+    gemm_accumulate(dk, dv, len, 1.0f, w_.data(), chunk_, u_.data(), dv, state, dv);
   }
 
   const GdnDims& dims_;
   int64_t chunk_;
-  std::vector<float> cum_, decay_, kk_, qk_, tail_, u_, w_;
+  std::vector<float> cum_, decay_, kk_, qk_, u_, w_;  // w_ is [chunk, dk] = [dk, chunk]
 };
 
 // One value head of the token-by-token form.
@@ -195,11 +288,8 @@ class RecurrentHead {
       for (int64_t j = 0; j < dv; ++j) delta[j] = beta * (v[j] - decay * delta[j]);
       // Decay, write k ⊗ δ, and read the output from the updated state.
       std::fill(o, o + dv, 0.0f);
-      for (int64_t i = 0; i < dk; ++i) {
-        float* row = state + i * dv;
-        for (int64_t j = 0; j < dv; ++j) row[j] = decay * row[j] + k[i] * delta[j];
-        axpy(q[i], row, o, dv);
-      }
+      for (int64_t i = 0; i < dk; ++i)
+        decay_write_read(state + i * dv, decay, k[i], delta, q[i], o, dv);
       if (history != nullptr)
         std::memcpy(history + (t * hv + h) * head_floats, state, head_floats * sizeof(float));
     }
