@@ -588,3 +588,29 @@ def test_gdn_batch_of_lanes_equals_each_lane_alone(gen, threads):
             ssm_states,
             **heads,
         )
+
+
+def test_portable_gemm_path_matches_default(tmp_path, gen):
+    """The chunked form with NINFER_CPU_KERNELS=scalar (portable GEMM) equals the default path."""
+    import os
+    import subprocess
+    import sys
+
+    q, k, v, g, beta, state = delta_rule_inputs(gen, 150, 2, 4, 32, 32, decay_scale=0.3)
+    args = [f32(x) for x in (q, k, v, g, beta, state)]
+    np.savez(tmp_path / "in.npz", *args)
+    out, new_state = hybrid.delta_rule_chunked(*args)
+    script = (
+        "import sys, numpy as np; from ninfer._core import hybrid; "
+        "d = np.load(sys.argv[1]); a = [d[f'arr_{i}'] for i in range(6)]; "
+        "o, s = hybrid.delta_rule_chunked(*a); np.savez(sys.argv[2], o, s)"
+    )
+    env = dict(os.environ, NINFER_CPU_KERNELS="scalar")
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+        env=env,
+        check=True,
+    )
+    portable = np.load(tmp_path / "out.npz")
+    np.testing.assert_allclose(portable["arr_0"], out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(portable["arr_1"], new_state, rtol=1e-4, atol=1e-5)

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 #endif
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -120,7 +121,13 @@ __attribute__((target("avx2,fma"))) void gemm_accumulate_avx2(int64_t m, int64_t
                              C + full_rows * ldc, ldc);
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+// NINFER_CPU_KERNELS=scalar (as for the dense kernels) forces the portable path for tests.
+bool use_avx2_gemm() {
+  const char* forced = std::getenv("NINFER_CPU_KERNELS");
+  if (forced != nullptr && std::string(forced) == "scalar") return false;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+const bool kHaveAvx2 = use_avx2_gemm();
 #endif
 
 void gemm_accumulate(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
