@@ -308,3 +308,24 @@ def test_architecture_lookup():
     assert template_for_architecture("llama") is None
     with pytest.raises(KeyError, match="qwen3_5"):
         builtin_template("nope")
+
+
+def test_answer_after_inline_reasoning_keeps_its_indentation():
+    # Only the newlines after </think> are dropped, as in the official template.
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<think>\nr\n</think>\n\n  indented"},
+        {"role": "user", "content": "again"},
+    ]
+    assert "<|im_start|>assistant\n  indented<|im_end|>" in render(messages)
+
+
+def test_preserve_thinking_must_be_true_not_just_truthy():
+    out = render(HISTORY + [{"role": "user", "content": "third"}], preserve_thinking="yes")
+    assert "old thoughts" not in out
+
+
+def test_system_message_cannot_hold_media():
+    system = {"role": "system", "content": [{"type": "image", "image": "a.png"}]}
+    with pytest.raises(jinja2.TemplateError, match="System message cannot contain images"):
+        render([system, {"role": "user", "content": "hi"}])
