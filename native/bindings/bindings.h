@@ -8,5 +8,6 @@ namespace ninfer::bindings {
 void bind_artifact(pybind11::module_& m);  // artifact_bindings.cpp
 void bind_ops(pybind11::module_& m);       // ops_bindings.cpp  (kernels, for tests)
 void bind_engine(pybind11::module_& m);    // engine_bindings.cpp
+void bind_hybrid_ops(pybind11::module_& m);  // hybrid_ops_bindings.cpp (GDN, gated attn, MoE)
 
 }  // namespace ninfer::bindings
