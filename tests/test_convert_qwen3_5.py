@@ -27,7 +27,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as moe_hf  # no
 TEXT = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
     num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-    linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=300,
+    linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=400,
 )
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
            shared_expert_intermediate_size=48)
@@ -140,7 +140,7 @@ def test_every_tensor_equals_the_source(checkpoint, tmp_path, caplog):
     assert f"skipped {n_vision} vision tensors" in caplog.text
     assert config["mtp_num_hidden_layers"] == 1
     assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
-    assert config["rotary_dim"] == 8 and config["vocab_size"] == 300
+    assert config["rotary_dim"] == 8 and config["vocab_size"] == 400
     if moe:
         assert config["num_experts"] == 4 and config["intermediate_size"] == 0
         assert tensors["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 64, 64)

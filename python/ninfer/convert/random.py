@@ -96,6 +96,12 @@ def _random_rows(rng: np.random.Generator, name: str, shape: tuple[int, ...]) ->
     return values
 
 
+def _is_norm_gain(name: str) -> bool:
+    # input_layernorm, q_norm, model.norm, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, …
+    module = name.removesuffix(".weight").rsplit(".", 1)[-1]
+    return name.endswith(".weight") and "norm" in module
+
+
 def _random_hybrid_rows(rng: np.random.Generator, name: str,
                         shape: tuple[int, ...]) -> np.ndarray:
     """Qwen3.5/3.6 values in the ranges transformers initialises them to, with spread."""
@@ -107,7 +113,7 @@ def _random_hybrid_rows(rng: np.random.Generator, name: str,
         return np.float32(1.0) + _normal(rng, shape, 0.1)  # HF: ones; varied per head
     if name.endswith("linear_attn.norm.weight"):
         return np.float32(1.0) + _normal(rng, shape, HYBRID_NORM_STD)  # plain gain (spec §2.4)
-    if name.endswith("norm.weight"):
+    if _is_norm_gain(name):
         return _normal(rng, shape, HYBRID_NORM_STD)  # zero-centred (1 + w) gains (spec §2.2)
     if name.endswith("linear_attn.conv1d.weight"):
         # A depthwise tap sees only `kernel` inputs; fan-in scaling keeps the conv output the
@@ -125,21 +131,28 @@ def _tokenizer_size(tokenizer_json: bytes) -> int:
 
 
 def _tokenizer(tokenizer: bytes | str | Path | None, hybrid: bool,
-               config: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
-    """tokenizer.json bytes and the header's tokenizer section."""
+               config: dict[str, Any]) -> tuple[bytes, dict[str, Any], int]:
+    """tokenizer.json bytes, the header's tokenizer section and the number of ids used."""
     if tokenizer is None and hybrid:
-        from ninfer.prompt.qwen_tokenizer import qwen3_5_tokenizer_json
+        from ninfer.prompt.qwen_tokenizer import (
+            BASE_VOCAB_SIZE,
+            QWEN3_5_ADDED_TOKENS,
+            qwen3_5_tokenizer_json,
+        )
 
-        return qwen3_5_tokenizer_json().read_bytes(), dict(QWEN3_5_TOKENIZER_FIELDS)
+        # The size is known: parsing 15 MB of JSON to count it costs seconds.
+        size = BASE_VOCAB_SIZE + len(QWEN3_5_ADDED_TOKENS)
+        return qwen3_5_tokenizer_json().read_bytes(), dict(QWEN3_5_TOKENIZER_FIELDS), size
     if tokenizer is None or tokenizer == SYNTHETIC:
         ids = synthetic_token_ids()
-        return synthetic_tokenizer_json(), {
+        data = synthetic_tokenizer_json()
+        return data, {
             "bos_token": None, "eos_token": "<|im_end|>", "bos_token_id": None,
             "eos_token_ids": [ids["<|im_end|>"], ids["<|endoftext|>"]],
             "pad_token_id": ids["<|endoftext|>"], "add_bos_token": False,
-        }
+        }, _tokenizer_size(data)
     data = tokenizer if isinstance(tokenizer, bytes) else Path(tokenizer).read_bytes()
-    return data, tokenizer_section(json.loads(data), {}, config, {})
+    return data, tokenizer_section(json.loads(data), {}, config, {}), _tokenizer_size(data)
 
 
 def _stored_config_json(config: dict[str, Any], architecture: str, hybrid: bool) -> bytes:
@@ -170,8 +183,7 @@ def make_random_artifact(
     """
     plan = plan_random_artifact(config, dtype=dtype)
     hybrid = plan.architecture in ("qwen3_5", "qwen3_5_moe")
-    tokenizer_json, tokenizer_fields = _tokenizer(tokenizer, hybrid, config)
-    needed = _tokenizer_size(tokenizer_json)
+    tokenizer_json, tokenizer_fields, needed = _tokenizer(tokenizer, hybrid, config)
     if plan.config["vocab_size"] < needed:
         raise ValueError(
             f"config vocab_size {plan.config['vocab_size']} is smaller than the tokenizer's "
