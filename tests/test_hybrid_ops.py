@@ -614,3 +614,78 @@ def test_portable_gemm_path_matches_default(tmp_path, gen):
     portable = np.load(tmp_path / "out.npz")
     np.testing.assert_allclose(portable["arr_0"], out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(portable["arr_1"], new_state, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# per-lane GDN state slots
+
+
+def test_state_slots_are_per_lane_and_layer(gen):
+    slots = hybrid.GdnStateSlots(
+        gdn_layers=3,
+        conv_kernel=4,
+        conv_channels=40,
+        value_heads=4,
+        key_dim=8,
+        value_dim=6,
+        lanes=2,
+    )
+    assert slots.bytes_per_lane == 3 * (3 * 40 + 4 * 8 * 6) * 4
+    for lane in range(2):
+        for layer in range(3):
+            assert not slots.conv_state(lane, layer).any()
+            assert not slots.ssm_state(lane, layer).any()
+    conv = f32(randn(gen, 3, 40))
+    ssm = f32(randn(gen, 4, 8, 6))
+    slots.conv_state(1, 2)[:] = conv
+    slots.ssm_state(1, 0)[:] = ssm
+    assert not slots.conv_state(0, 2).any() and not slots.ssm_state(1, 1).any()
+    saved = slots.save(1)
+    slots.copy(1, 0)
+    np.testing.assert_array_equal(slots.conv_state(0, 2), conv)
+    np.testing.assert_array_equal(slots.ssm_state(0, 0), ssm)
+    slots.reset(1)
+    assert not slots.save(1).any()
+    slots.load(1, saved)
+    np.testing.assert_array_equal(slots.ssm_state(1, 0), ssm)
+    with pytest.raises(IndexError, match="lane 2"):
+        slots.reset(2)
+    with pytest.raises(IndexError, match="GDN layer 3"):
+        slots.conv_state(0, 3)
+    with pytest.raises(ValueError, match="expected"):
+        slots.load(0, saved[:-1])
+
+
+def test_state_slots_carry_a_sequence_through_the_layer(gen):
+    """A request resumed from its saved slot continues exactly; a reset slot starts fresh."""
+    config = small_text_config()
+    layer = random_gdn_layer(gen, config)
+    conv0, ssm0 = zero_states(config)
+    slots = hybrid.GdnStateSlots(
+        gdn_layers=1,
+        conv_kernel=4,
+        conv_channels=conv0.shape[1],
+        value_heads=ssm0.shape[0],
+        key_dim=ssm0.shape[1],
+        value_dim=ssm0.shape[2],
+        lanes=1,
+    )
+    x = torch.randn(90, config.hidden_size, generator=gen)
+
+    def step(rows):
+        out, conv, ssm = run_core(
+            layer, config, rows, slots.conv_state(0, 0), slots.ssm_state(0, 0)
+        )
+        slots.conv_state(0, 0)[:] = conv
+        slots.ssm_state(0, 0)[:] = ssm
+        return out
+
+    first = step(x[:70])
+    snapshot = slots.save(0)
+    rest = step(x[70:])
+    whole, _, _ = run_core(layer, config, x, conv0, ssm0)
+    assert_close(torch.cat([first, rest]), whole, gen, rtol=1e-3, atol=1e-4, what="carried")
+    slots.load(0, snapshot)
+    np.testing.assert_array_equal(step(x[70:]).numpy(), rest.numpy())
+    slots.reset(0)
+    np.testing.assert_array_equal(step(x[:70]).numpy(), first.numpy())

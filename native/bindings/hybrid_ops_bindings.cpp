@@ -14,6 +14,7 @@
 #include "backends/cpu/gated_attention_cpu.h"
 #include "backends/cpu/gdn_cpu.h"
 #include "backends/cpu/moe_cpu.h"
+#include "cache/gdn_state_slots.h"
 #include "bindings/bindings.h"
 
 namespace py = pybind11;
@@ -379,6 +380,50 @@ void bind_moe(py::module_& h) {
       py::arg("shared"), py::arg("gate_logit"), py::arg("out"));
 }
 
+void bind_state_slots(py::module_& h) {
+  // Views share the slots' memory; py::keep_alive-style ownership comes from the array base.
+  const auto view = [](py::object owner, float* data, std::vector<py::ssize_t> shape) {
+    return py::array_t<float>(shape, data, owner);
+  };
+  py::class_<GdnStateSlots>(h, "GdnStateSlots")
+      .def(py::init([](int64_t gdn_layers, int64_t conv_kernel, int64_t conv_channels,
+                       int64_t value_heads, int64_t key_dim, int64_t value_dim, int lanes) {
+             return std::make_unique<GdnStateSlots>(
+                 GdnStateShape{gdn_layers, conv_kernel, conv_channels, value_heads, key_dim,
+                               value_dim},
+                 lanes);
+           }),
+           py::arg("gdn_layers"), py::arg("conv_kernel"), py::arg("conv_channels"),
+           py::arg("value_heads"), py::arg("key_dim"), py::arg("value_dim"), py::arg("lanes"))
+      .def_property_readonly("lanes", &GdnStateSlots::lanes)
+      .def_property_readonly("bytes_per_lane", &GdnStateSlots::bytes_per_lane)
+      .def("conv_state",
+           [view](py::object self, int lane, int64_t layer) {
+             auto& slots = self.cast<GdnStateSlots&>();
+             const auto& s = slots.shape();
+             return view(self, slots.conv_state(lane, layer), {s.conv_kernel - 1, s.conv_channels});
+           })
+      .def("ssm_state",
+           [view](py::object self, int lane, int64_t layer) {
+             auto& slots = self.cast<GdnStateSlots&>();
+             const auto& s = slots.shape();
+             return view(self, slots.ssm_state(lane, layer),
+                         {s.value_heads, s.key_dim, s.value_dim});
+           })
+      .def("reset", &GdnStateSlots::reset)
+      .def("copy", &GdnStateSlots::copy, py::arg("from_lane"), py::arg("to_lane"))
+      .def("save",
+           [](const GdnStateSlots& slots, int lane) {
+             const auto saved = slots.save(lane);
+             F32 out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(saved.size())});
+             std::copy(saved.begin(), saved.end(), out.mutable_data());
+             return out;
+           })
+      .def("load", [](GdnStateSlots& slots, int lane, const F32& saved) {
+        slots.load(lane, std::span<const float>(saved.data(), saved.size()));
+      });
+}
+
 }  // namespace
 
 void bind_hybrid_ops(py::module_& m) {
@@ -386,6 +431,7 @@ void bind_hybrid_ops(py::module_& m) {
   bind_gdn(h);
   bind_gated_attention(h);
   bind_moe(h);
+  bind_state_slots(h);
 }
 
 }  // namespace ninfer::bindings
