@@ -15,7 +15,7 @@ from ninfer.artifact import read_header
 from ninfer.convert import convert_source
 from ninfer.convert.hf import plan_hf_conversion
 from ninfer.convert.model_config import UnsupportedModelError
-from ninfer.convert.synthetic_tokenizer import synthetic_tokenizer_json
+from ninfer.convert.synthetic_tokenizer import synthetic_token_ids, synthetic_tokenizer_json
 from qwen3_5_hf_bridge import artifact_state_dict
 
 torch = pytest.importorskip("torch")
@@ -209,3 +209,24 @@ def test_layout_problems_are_clear_errors(checkpoint, tmp_path):
     with pytest.raises(UnsupportedModelError, match="shape|lacks"):
         convert_source(broken, tmp_path / "x.ninfer", progress=False)
     assert not (tmp_path / "x.ninfer").exists()
+
+
+def test_token_ids_come_from_text_config(checkpoint, tmp_path):
+    """Multimodal configs keep bos/eos ids in text_config; the header must still see them."""
+    _, _, folder, _ = checkpoint
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for file in folder.iterdir():
+        (copy / file.name).symlink_to(file)
+    (copy / "config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"].update(bos_token_id=396, eos_token_id=396)
+    (copy / "config.json").write_text(json.dumps(config))
+    (copy / "generation_config.json").unlink()
+    (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [397, 396]}))
+    tokenizer = read_header(convert_source(copy, tmp_path / "t.ninfer", progress=False))
+    fields = tokenizer.header["tokenizer"]
+    ids = synthetic_token_ids()
+    assert fields["eos_token_ids"] == [396, 397, ids["<|im_end|>"]]
+    assert fields["eos_token"] == "<|im_end|>" and fields["bos_token_id"] == 396
+    assert fields["pad_token_id"] == ids["<|endoftext|>"]
