@@ -689,3 +689,42 @@ def test_state_slots_carry_a_sequence_through_the_layer(gen):
     np.testing.assert_array_equal(step(x[70:]).numpy(), rest.numpy())
     slots.reset(0)
     np.testing.assert_array_equal(step(x[:70]).numpy(), first.numpy())
+
+
+def test_gdn_batch_keeps_per_token_states_for_rollback(gen):
+    """With keep_history, the states after each token equal those of token-by-token calls."""
+    config = small_text_config()
+    layer = random_gdn_layer(gen, config)
+    lengths = [3, 1, 4]  # e.g. verifying 2 and 3 draft tokens next to a plain decode
+    conv0, ssm0 = zero_states(config)
+    conv_states = np.stack([f32(randn(gen, *conv0.shape, scale=0.5)) for _ in lengths])
+    ssm_states = np.stack([f32(randn(gen, *ssm0.shape, scale=0.3)) for _ in lengths])
+    x = torch.randn(sum(lengths), config.hidden_size, generator=gen)
+    with torch.no_grad():
+        proj = [
+            f32(p(x))
+            for p in (layer.in_proj_qkv, layer.in_proj_z, layer.in_proj_b, layer.in_proj_a)
+        ]
+    weights = (
+        f32(layer.conv1d.weight[:, 0]),
+        f32(layer.A_log),
+        f32(layer.dt_bias),
+        f32(layer.norm.weight),
+    )
+    heads = dict(key_heads=config.linear_num_key_heads, key_dim=config.linear_key_head_dim)
+    out, conv_after, ssm_after, conv_hist, ssm_hist = hybrid.gdn_mixer_batch(
+        *proj, *weights, lengths, conv_states, ssm_states, keep_history=True, **heads
+    )
+    row = 0
+    for i, n in enumerate(lengths):
+        conv, ssm = conv_states[i], ssm_states[i]
+        for t in range(row, row + n):
+            one, conv, ssm = hybrid.gdn_mixer_core(
+                *(p[t : t + 1] for p in proj), *weights, conv, ssm, **heads
+            )
+            np.testing.assert_array_equal(out[t], one[0])
+            np.testing.assert_array_equal(conv_hist[t], conv)
+            np.testing.assert_array_equal(ssm_hist[t], ssm)
+        np.testing.assert_array_equal(conv_after[i], conv)
+        np.testing.assert_array_equal(ssm_after[i], ssm)
+        row += n

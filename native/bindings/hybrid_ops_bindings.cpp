@@ -225,7 +225,8 @@ void bind_gdn(py::module_& h) {
       [](const F32& mixed, const F32& z, const F32& b, const F32& a, const F32& conv_weight,
          const F32& A_log, const F32& dt_bias, const F32& norm_weight,
          const std::vector<int64_t>& lengths, const F32& conv_states, const F32& ssm_states,
-         int64_t key_heads, int64_t key_dim, float eps, int64_t chunk_size, int threads) {
+         int64_t key_heads, int64_t key_dim, float eps, int64_t chunk_size, int threads,
+         bool keep_history) {
         const int64_t num = static_cast<int64_t>(lengths.size());
         expect_shape(ssm_states, {num, -1, key_dim, -1}, "ssm_states");
         cpu::GdnLayerParams p;
@@ -253,23 +254,38 @@ void bind_gdn(py::module_& h) {
         std::vector<cpu::GdnSequence> seqs;
         int64_t row = 0;
         const int64_t conv_floats = (p.conv_kernel - 1) * channels;
+        int64_t total = 0;
+        for (int64_t n : lengths) total += n;
+        if (total != rows) throw std::invalid_argument("lengths do not sum to the rows of mixed");
+        const int64_t kept = keep_history ? rows : 0;
+        F32 conv_history = empty_like_shape({kept, p.conv_kernel - 1, channels});
+        F32 ssm_history =
+            empty_like_shape({kept, p.dims.value_heads, p.dims.key_dim, p.dims.value_dim});
         for (int64_t i = 0; i < num; ++i) {
-          seqs.push_back({row, lengths[i], new_conv.mutable_data() + i * conv_floats,
-                          new_ssm.mutable_data() + i * p.dims.state_floats()});
+          cpu::GdnSequence seq{row, lengths[i], new_conv.mutable_data() + i * conv_floats,
+                               new_ssm.mutable_data() + i * p.dims.state_floats()};
+          if (keep_history) {
+            seq.conv_history = conv_history.mutable_data() + row * conv_floats;
+            seq.ssm_history = ssm_history.mutable_data() + row * p.dims.state_floats();
+          }
+          seqs.push_back(seq);
           row += lengths[i];
         }
-        if (row != rows) throw std::invalid_argument("lengths do not sum to the rows of mixed");
         const auto range = thread_range(threads);
         cpu::gdn_mixer_batch(p, seqs, work.mutable_data(), z.data(), b.data(), a.data(),
                              out.mutable_data(), cpu::DeltaRuleForm::Auto,
                              threads > 1 ? &range : nullptr);
-        return py::make_tuple(out, new_conv, new_ssm);
+        if (keep_history)
+          return py::tuple(py::make_tuple(out, new_conv, new_ssm, conv_history, ssm_history));
+        return py::tuple(py::make_tuple(out, new_conv, new_ssm));
       },
       py::arg("mixed"), py::arg("z"), py::arg("b"), py::arg("a"), py::arg("conv_weight"),
       py::arg("A_log"), py::arg("dt_bias"), py::arg("norm_weight"), py::arg("lengths"),
       py::arg("conv_states"), py::arg("ssm_states"), py::arg("key_heads"), py::arg("key_dim"),
       py::arg("eps") = 1e-6f, py::arg("chunk_size") = 64, py::arg("threads") = 1,
-      "GDN core for stacked sequences -> (out, conv_states [N,K-1,C], ssm_states [N,Hv,dk,dv])");
+      py::arg("keep_history") = false,
+      "GDN core for stacked sequences -> (out, conv_states [N,K-1,C], ssm_states [N,Hv,dk,dv]"
+      "[, conv_history [T,K-1,C], ssm_history [T,Hv,dk,dv]])");
 }
 
 void bind_gated_attention(py::module_& h) {

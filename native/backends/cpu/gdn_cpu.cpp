@@ -162,9 +162,10 @@ void validate_conv(int64_t x_stride, int64_t tokens, int64_t channels, int64_t k
 }
 
 // The conv over channel block `blk` for all tokens. window holds (kernel-1) × kConvBlock floats.
+// states_after (optional): [tokens, kernel-1, channels], the conv state after each token.
 void conv_block(const float* x, int64_t x_stride, int64_t tokens, int64_t channels,
                 const float* weight, int64_t kernel, float* conv_state, float* out,
-                int64_t out_stride, int64_t blk, float* window) {
+                int64_t out_stride, int64_t blk, float* window, float* states_after = nullptr) {
   const int64_t history = kernel - 1;
   const int64_t c0 = blk * kConvBlock, n = std::min(kConvBlock, channels - c0);
   for (int64_t j = 0; j < history; ++j)
@@ -182,6 +183,10 @@ void conv_block(const float* x, int64_t x_stride, int64_t tokens, int64_t channe
       if (history > 0) window[(history - 1) * kConvBlock + c] = current;
       o[c] = silu(acc);
     }
+    if (states_after != nullptr)
+      for (int64_t j = 0; j < history; ++j)
+        std::memcpy(states_after + (t * history + j) * channels + c0, &window[j * kConvBlock],
+                    n * sizeof(float));
   }
   for (int64_t j = 0; j < history; ++j)
     std::memcpy(conv_state + j * channels + c0, &window[j * kConvBlock], n * sizeof(float));
@@ -424,7 +429,7 @@ void gdn_mixer_batch(const GdnLayerParams& layer, std::span<const GdnSequence> s
       float* rows_at = mixed + seq.row_begin * channels;
       conv_block(rows_at, channels, seq.num_tokens, channels, layer.conv_weight,
                  layer.conv_kernel, seq.conv_state, rows_at, channels, item % blocks,
-                 window.data());
+                 window.data(), seq.conv_history);
     }
   });
   // q/k normalisation and the gates, row by row.
@@ -449,13 +454,15 @@ void gdn_mixer_batch(const GdnLayerParams& layer, std::span<const GdnSequence> s
       const DeltaRuleIo io{q, q + dims.key_width(), channels, q + 2 * dims.key_width(), channels,
                            g.data() + r0 * hv, beta.data() + r0 * hv,
                            out + r0 * dims.value_width(), dims.value_width()};
-      const bool use_chunked = form == DeltaRuleForm::Chunked ||
-                               (form == DeltaRuleForm::Auto && seq.num_tokens > 1);
+      // Per-token states exist only in the recurrent form, which a history request selects.
+      const bool use_chunked = seq.ssm_history == nullptr &&
+                               (form == DeltaRuleForm::Chunked ||
+                                (form == DeltaRuleForm::Auto && seq.num_tokens > 1));
       float* state = seq.ssm_state + h * head_floats;
       if (use_chunked) {
         chunked.run(h, seq.num_tokens, io, state);
       } else {
-        recurrent.run(h, seq.num_tokens, io, state, nullptr);
+        recurrent.run(h, seq.num_tokens, io, state, seq.ssm_history);
       }
     }
   });

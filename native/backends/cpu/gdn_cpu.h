@@ -116,6 +116,11 @@ struct GdnSequence {
   int64_t num_tokens = 0;
   float* conv_state = nullptr;  // [K-1, conv_channels]
   float* ssm_state = nullptr;   // [Hv, dk, dv]
+  // Optional, for speculative verification (spec §3.2): the states after each of the
+  // sequence's tokens, so the engine can roll back to any accepted prefix. A non-null
+  // ssm_history selects the recurrent form for this sequence.
+  float* conv_history = nullptr;  // [num_tokens, K-1, conv_channels]
+  float* ssm_history = nullptr;   // [num_tokens, Hv, dk, dv]
 };
 
 // gdn_mixer_core for several sequences whose rows are stacked in mixed/z/b/a/out; the
