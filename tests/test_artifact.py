@@ -17,6 +17,7 @@ from ninfer.artifact import (
     ArtifactWriter,
     align_up,
     bf16_bits_to_f32,
+    dequantize_q8_0,
     f32_to_bf16_bits,
     quantize_q8_0,
     read_header,
@@ -117,8 +118,15 @@ def test_python_reader_matches(artifact_path: tuple[Path, dict]) -> None:
     assert info.data_offset == align_up(PREAMBLE_SIZE + header_len)
     for name, data in RESOURCES.items():
         assert info.resource(name) == data
-    for name, (_, _, data) in tensors.items():
+    for name, (dtype, _, data) in tensors.items():
         assert info.tensor_bytes(name).tobytes() == np.ascontiguousarray(data).tobytes()
+        np.testing.assert_array_equal(info.tensor(name), data)
+        if dtype == "bf16":
+            np.testing.assert_array_equal(info.tensor_f32(name), bf16_bits_to_f32(data))
+        elif dtype == "q8_0":
+            np.testing.assert_array_equal(info.tensor_f32(name), dequantize_q8_0(data, [6, 64]))
+        else:
+            np.testing.assert_array_equal(info.tensor_f32(name), data.astype(np.float32))
 
 
 def test_bf16_rounding_matches_torch() -> None:

@@ -230,3 +230,54 @@ def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(UnsupportedModelError, match="GGUF architecture 'falcon' unsupported"):
         convert_source(tmp_path / "x.gguf", tmp_path / "x.ninfer", progress=False)
+
+
+def regex_sequence_split(text: str, patterns: tuple[str, ...]) -> list[str]:
+    """llama.cpp's unicode_regex_split semantics with Python's `regex` engine: each pattern
+    splits every piece further, matches and the gaps between them both become pieces."""
+    regex = pytest.importorskip("regex")
+    words = [text]
+    for pattern in patterns:
+        compiled = regex.compile(pattern)
+        pieces: list[str] = []
+        for word in words:
+            cursor = 0
+            for match in compiled.finditer(word):
+                pieces += [word[cursor:match.start()]] if match.start() > cursor else []
+                pieces += [match.group()] if match.end() > match.start() else []
+                cursor = match.end()
+            pieces += [word[cursor:]] if cursor < len(word) else []
+        words = pieces
+    return words
+
+
+@pytest.mark.parametrize("pre", ["default", "gpt2", "smollm", "llama-bpe", "qwen2"])
+def test_pre_tokenizers_split_like_the_regex_lists(pre: str) -> None:
+    import random
+
+    from tokenizers import Tokenizer
+
+    from ninfer.convert.gguf_tokenizer import (
+        PRE_TOKENIZER_REGEXES,
+        build_tokenizer_json,
+        resolve_pre_tokenizer,
+    )
+    from ninfer.tokenizer import unicode_to_bytes
+
+    document = json.loads(synthetic_tokenizer_json())
+    tokens = sorted(document["model"]["vocab"], key=document["model"]["vocab"].__getitem__)
+    built = build_tokenizer_json(model="gpt2", pre=pre, tokens=tokens, token_types=[1] * len(
+        tokens), merges=[" ".join(m) for m in document["model"]["merges"]], bos_token_id=0,
+        add_bos_token=True)
+    tokenizer = Tokenizer.from_str(built.decode())
+    assert json.loads(built)["model"]["ignore_merges"] == (pre == "llama-bpe")
+    assert tokenizer.encode("hi").ids[0] == 0  # add_bos_token: BOS through the post-processor
+    alphabet = unicode_to_bytes()
+    rng = random.Random(7)
+    pool = list("ab XY\n\t\r0123456789.,'!$+<=>^~|-") + ["é", "中", "🙂", "'S", "'ll", "  "]
+    texts = ["".join(rng.choice(pool) for _ in range(rng.randint(1, 30))) for _ in range(300)]
+    patterns = PRE_TOKENIZER_REGEXES[resolve_pre_tokenizer(pre)]
+    for text in texts + ["12345678 and 1,234", "I'M HERE'S", "  \n\n  x"]:
+        pieces = [bytes(alphabet[c] for c in piece).decode()
+                  for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+        assert pieces == regex_sequence_split(text, patterns), repr(text)

@@ -76,8 +76,13 @@ def random_strings(count: int, seed: int, *, digits: bool = True) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def rebuilt() -> tuple[tokenizers.Tokenizer, dict]:
-    tokenizer_json, header = read_gguf_tokenizer(GGUF)
+def gguf_tokenizer() -> tuple[bytes, dict]:
+    return read_gguf_tokenizer(GGUF)
+
+
+@pytest.fixture(scope="module")
+def rebuilt(gguf_tokenizer: tuple[bytes, dict]) -> tuple[tokenizers.Tokenizer, dict]:
+    tokenizer_json, _ = gguf_tokenizer
     return tokenizers.Tokenizer.from_str(tokenizer_json.decode()), json.loads(tokenizer_json)
 
 
@@ -171,10 +176,10 @@ def test_smollm2_artifact_header(smollm2_artifact: Path) -> None:
     np.testing.assert_array_equal(art.tensor("model.embed_tokens.weight"), source.data)
 
 
-def test_token_bytes_of_the_rebuilt_vocabulary() -> None:
+def test_token_bytes_of_the_rebuilt_vocabulary(gguf_tokenizer: tuple[bytes, dict]) -> None:
     from ninfer.tokenizer import Tokenizer
 
-    tokenizer_json, header = read_gguf_tokenizer(GGUF)
+    tokenizer_json, header = gguf_tokenizer
     ours = Tokenizer.from_json_bytes(tokenizer_json, bos_token_id=header["bos_token_id"],
                                      eos_token_ids=header["eos_token_ids"])
     hf = tokenizers.Tokenizer.from_str(tokenizer_json.decode())

@@ -172,6 +172,7 @@ def _tokenizer_header(meta: _Metadata, tokens: list[str], types: list[int]) -> d
 
 
 def _tokenizer(meta: _Metadata, tokens: list[str], types: list[int]) -> tuple[bytes, dict]:
+    header = _tokenizer_header(meta, tokens, types)
     tokenizer_json = build_tokenizer_json(
         model=meta.get("tokenizer.ggml.model"),
         pre=meta.get("tokenizer.ggml.pre"),
@@ -179,9 +180,9 @@ def _tokenizer(meta: _Metadata, tokens: list[str], types: list[int]) -> tuple[by
         token_types=types,
         merges=meta.strings("tokenizer.ggml.merges"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        add_bos_token=header["add_bos_token"],
     )
-    return tokenizer_json, _tokenizer_header(meta, tokens, types)
+    return tokenizer_json, header
 
 
 def _tokens(meta: _Metadata, path: Path) -> tuple[list[str], list[int]]:
