@@ -89,6 +89,8 @@ def test_submit_refusals_are_typed():
         assert (info.value.prompt_tokens, info.value.max_context) == (40, 32)
         with pytest.raises(ValueError, match="top_p"):
             engine.submit(GenerationRequest([1], 4, SamplingParams(top_p=0.0)))
+        with pytest.raises(ValueError, match="max_tokens"):
+            engine.submit(GenerationRequest([1], -3))
         first = engine.submit(GenerationRequest([1], 30))
         second = engine.submit(GenerationRequest([2], 30))
         with pytest.raises(EngineOverloaded):
@@ -216,3 +218,23 @@ def test_async_context_manager_cancels_on_exit():
 
     events = asyncio.run(main())
     assert events[-1].finish_reason == "cancelled"
+
+
+def test_huge_budgets_are_capped_by_the_context():
+    async def main():
+        engine = _engine(max_context=40)
+        handle = engine.submit(
+            GenerationRequest(
+                [1, 2],
+                10**12,
+                SamplingParams(temperature=0.5, top_k=10**10, seed=2**70 + 5),
+                ignore_eos=True,
+                min_tokens=10**11,
+            )
+        )
+        tokens, _, events = await _stream(handle)
+        await engine.close()
+        return tokens, events
+
+    tokens, events = asyncio.run(main())
+    assert len(tokens) == 38 and events[-1].finish_reason == "length"

@@ -41,6 +41,8 @@ from ninfer.engine_types import (
     Timings,
 )
 
+_INT32_MAX = 2**31 - 1
+
 
 def _core_module() -> Any:
     from ninfer import _core
@@ -241,10 +243,11 @@ class AsyncEngine:
         s = request.sampling
         result = self._core.submit(
             request.prompt_ids,
-            request.max_tokens,
+            # Output is capped by the context ceiling anyway; keep huge budgets in int32.
+            min(request.max_tokens, _INT32_MAX),
             temperature=s.temperature,
             top_p=s.top_p,
-            top_k=s.top_k,
+            top_k=min(s.top_k, _INT32_MAX),
             min_p=s.min_p,
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
@@ -252,7 +255,7 @@ class AsyncEngine:
             stop_token_ids=request.stop_token_ids,
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
-            min_tokens=request.min_tokens,
+            min_tokens=min(request.min_tokens, _INT32_MAX),
         )
         status = result.status
         if status == "overloaded":
