@@ -238,3 +238,33 @@ def test_huge_budgets_are_capped_by_the_context():
 
     tokens, events = asyncio.run(main())
     assert len(tokens) == 38 and events[-1].finish_reason == "length"
+
+
+def test_step_failures_are_logged_and_health_follows_the_core(caplog):
+    async def main():
+        engine = _engine(max_concurrency=1, max_pending=16)
+        engine._core.toy_fail_next_forwards(1)
+        _, _, events = await _stream(engine.submit(GenerationRequest([1], 3)))
+        assert events[-1].finish_reason == "error"
+        assert engine.healthy
+        _, _, events = await _stream(engine.submit(GenerationRequest([1], 3)))
+        assert events[-1].finish_reason != "error"  # a success resets the failure count
+        engine._core.toy_fail_next_forwards(8)
+        for _ in range(8):
+            _, _, events = await _stream(engine.submit(GenerationRequest([1], 3)))
+            assert events[-1].finish_reason == "error"
+        for _ in range(100):
+            if not engine.healthy:
+                break
+            await asyncio.sleep(0.01)
+        healthy = engine.healthy
+        with pytest.raises(EngineUnavailable, match="8 failed steps"):
+            engine.submit(GenerationRequest([1], 3))
+        await engine.close()
+        return healthy
+
+    with caplog.at_level("WARNING", logger="ninfer.engine"):
+        assert asyncio.run(main()) is False
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("worker recovering from a failed request") for m in messages)
+    assert any(m.startswith("engine stopped") for m in messages)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from ninfer.engine_types import (
 )
 
 _INT32_MAX = 2**31 - 1
+_log = logging.getLogger("ninfer.engine")
 
 
 def _core_module() -> Any:
@@ -190,6 +192,7 @@ class AsyncEngine:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._failure_logged = False
 
     # --- construction --------------------------------------------------------------------
 
@@ -306,13 +309,28 @@ class AsyncEngine:
         self._loop = loop
 
     def _dispatch(self) -> None:
+        failures: set[str] = set()
         for core_event in self._core.drain_events():
+            if core_event.finish_reason == "error" and core_event.error:
+                failures.add(core_event.error)
             handle = self._handles.get(core_event.request_id)
             if handle is None:
                 continue  # dropped handle: its cancel is already on the way
             handle._deliver(core_event)
             if handle._finished:
                 self._handles.pop(core_event.request_id, None)
+        if failures:
+            self._log_failures(failures)
+
+    def _log_failures(self, failures: set[str]) -> None:
+        if not self._core.healthy:
+            if not self._failure_logged:
+                self._failure_logged = True
+                _log.error("engine stopped: %s", sorted(failures)[0])
+            return
+        for message in sorted(failures):
+            if message.startswith("model step failed") or message.startswith("sampling failed"):
+                _log.warning("worker recovering from a failed request: %s", message)
 
     def _cancel(self, request_id: int) -> None:
         self._core.cancel(request_id)
