@@ -232,43 +232,15 @@ void Engine::retire(Sequence& seq) {
 }
 
 void Engine::run() {
-  std::vector<EngineEvent> events;
   try {
     while (true) {
-      events.clear();
-      {
-        std::unique_lock lock(mu_);
-        wake_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
-        if (stopping_) break;
-        const auto now = EngineClock::now();
-        for (auto& seq : scheduler_.take_expired(now)) {
-          EngineEvent event = base_event(*seq, EventKind::QueueTimeout);
-          finish(*seq, event, FinishReason::Error);
-          event.error = "the request waited " + std::to_string(options_.pending_timeout_ms) +
-                        " ms for a lane without being admitted";
-          events.push_back(std::move(event));
-          retire(*seq);
-        }
-        for (Sequence* seq : scheduler_.resident()) {
-          if (!seq->cancel_requested) continue;
-          EngineEvent event = base_event(*seq, EventKind::Output);
-          finish(*seq, event, FinishReason::Cancelled);
-          events.push_back(std::move(event));
-          retire(*seq);
-        }
-        for (Sequence* seq : scheduler_.admit(now)) {
-          model_->reset_lane(seq->lane);
-          requests_admitted_.fetch_add(1, std::memory_order_relaxed);
-          events.push_back(base_event(*seq, EventKind::Admitted));
-        }
-        scheduler_.plan(step_);
-      }
+      std::vector<EngineEvent> events;
+      if (!step_boundary(events)) break;
       events_.push(std::move(events));
-      events = {};
       if (step_.empty()) continue;
-      execute_step(events);
-      events_.push(std::move(events));
-      events = {};
+      std::vector<EngineEvent> outputs;
+      execute_step(outputs);
+      events_.push(std::move(outputs));
       if (consecutive_failures_ >= kMaxConsecutiveFailures) {
         fail_everything("the engine stopped after " + std::to_string(kMaxConsecutiveFailures) +
                         " failed steps in a row; last error: " + failure_);
@@ -280,6 +252,35 @@ void Engine::run() {
     return;
   }
   fail_everything("the engine is shutting down");
+}
+
+bool Engine::step_boundary(std::vector<EngineEvent>& events) {
+  std::unique_lock lock(mu_);
+  wake_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
+  if (stopping_) return false;
+  const auto now = EngineClock::now();
+  for (auto& seq : scheduler_.take_expired(now)) {
+    EngineEvent event = base_event(*seq, EventKind::QueueTimeout);
+    finish(*seq, event, FinishReason::Error);
+    event.error = "the request waited " + std::to_string(options_.pending_timeout_ms) +
+                  " ms for a lane without being admitted";
+    events.push_back(std::move(event));
+    retire(*seq);
+  }
+  for (Sequence* seq : scheduler_.resident()) {
+    if (!seq->cancel_requested) continue;
+    EngineEvent event = base_event(*seq, EventKind::Output);
+    finish(*seq, event, FinishReason::Cancelled);
+    events.push_back(std::move(event));
+    retire(*seq);
+  }
+  for (Sequence* seq : scheduler_.admit(now)) {
+    model_->reset_lane(seq->lane);
+    requests_admitted_.fetch_add(1, std::memory_order_relaxed);
+    events.push_back(base_event(*seq, EventKind::Admitted));
+  }
+  scheduler_.plan(step_);
+  return true;
 }
 
 void Engine::execute_step(std::vector<EngineEvent>& events) {

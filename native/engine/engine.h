@@ -105,6 +105,9 @@ class Engine {
  private:
   std::string validate(const GenerationParams& params) const;
   void run();
+  // Under the lock: queue timeouts, cancellations, admissions, then the next plan. False once
+  // the engine is stopping.
+  bool step_boundary(std::vector<EngineEvent>& events);
   void execute_step(std::vector<EngineEvent>& events);
   // After a successful forward: advances every row, samples, applies stops. Thread-safe per
   // row, so rows are sampled on the sampling pool.
