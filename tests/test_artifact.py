@@ -17,6 +17,7 @@ from ninfer.artifact import (
     ArtifactWriter,
     align_up,
     bf16_bits_to_f32,
+    dequantize_q8_0,
     f32_to_bf16_bits,
     quantize_q8_0,
     read_header,
@@ -117,8 +118,15 @@ def test_python_reader_matches(artifact_path: tuple[Path, dict]) -> None:
     assert info.data_offset == align_up(PREAMBLE_SIZE + header_len)
     for name, data in RESOURCES.items():
         assert info.resource(name) == data
-    for name, (_, _, data) in tensors.items():
+    for name, (dtype, _, data) in tensors.items():
         assert info.tensor_bytes(name).tobytes() == np.ascontiguousarray(data).tobytes()
+        np.testing.assert_array_equal(info.tensor(name), data)
+        if dtype == "bf16":
+            np.testing.assert_array_equal(info.tensor_f32(name), bf16_bits_to_f32(data))
+        elif dtype == "q8_0":
+            np.testing.assert_array_equal(info.tensor_f32(name), dequantize_q8_0(data, [6, 64]))
+        else:
+            np.testing.assert_array_equal(info.tensor_f32(name), data.astype(np.float32))
 
 
 def test_bf16_rounding_matches_torch() -> None:
@@ -278,6 +286,8 @@ def test_shape_disagrees_with_nbytes(tmp_path: Path) -> None:
     tensors = {"t": {"dtype": "f32", "shape": [4], "offset": 8, "nbytes": 16}}
     expect_refusal(craft(tmp_path / "e.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
                    "not 256-byte aligned")
+    with pytest.raises(ArtifactFormatError, match="not 256-byte aligned"):
+        read_header(tmp_path / "e.ninfer")
     tensors = {"t": {"dtype": "f32", "shape": [2**40, 2**40], "offset": 0, "nbytes": 16}}
     expect_refusal(craft(tmp_path / "f.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
                    "too large")
@@ -290,3 +300,26 @@ def test_header_without_required_fields(tmp_path: Path) -> None:
     header = base_header()
     del header["data_size"]
     expect_refusal(craft(tmp_path / "c.ninfer", header, data=GOOD_DATA), "data_size")
+
+
+def test_mangled_headers_never_crash(tmp_path: Path, artifact_path: tuple[Path, dict]) -> None:
+    """Cut or corrupt the header JSON at many places (with a valid CRC): always a clean error."""
+    path, _ = artifact_path
+    raw = path.read_bytes()
+    header_len = struct.unpack_from("<Q", raw, 16)[0]
+    header = raw[PREAMBLE_SIZE:PREAMBLE_SIZE + header_len]
+    rng = np.random.default_rng(99)
+    candidates = [header[:cut] for cut in rng.integers(0, header_len, 40)]
+    for _ in range(60):
+        mangled = bytearray(header)
+        mangled[rng.integers(0, header_len)] = int(rng.choice(list(b'{}[]",:0-9e.tfn\\ \x00\xff')))
+        candidates.append(bytes(mangled))
+    data = raw[align_up(PREAMBLE_SIZE + header_len):]
+    refused = 0
+    for i, candidate in enumerate(candidates):
+        bad = craft(tmp_path / f"m{i}.ninfer", candidate, data=data)
+        try:
+            _core.Artifact.open(str(bad))
+        except _core.ArtifactError:  # any other exception type fails the test
+            refused += 1
+    assert refused >= 40  # every truncation at least

@@ -64,10 +64,8 @@ def test_random_artifact_runs_in_transformers(tmp_path: Path, config: dict, dtyp
         assert art.tensor_info(name)["dtype"] == ("f32" if values.ndim == 1 else dtype)
         if values.ndim == 2:
             assert 0.015 < values.std() < 0.025, name
-    hf_config = transformers.AutoConfig.for_model(
-        {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
-         "Qwen2ForCausalLM": "qwen2"}[config["architectures"][0]],
-        **{k: v for k, v in config.items() if k != "architectures"})
+    stored_config = json.loads(art.resource("config.json"))
+    hf_config = transformers.AutoConfig.for_model(**stored_config)
     model = transformers.AutoModelForCausalLM.from_config(hf_config)
     tied = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
     missing, unexpected = model.load_state_dict(

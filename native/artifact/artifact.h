@@ -1,7 +1,7 @@
 // Reader of .ninfer artifacts: maps the file and hands out zero-copy tensor views.
 //
 // File layout (version 1; docs/artifact-format.md is the reference):
-//   offset 0   8 bytes  magic "NINFER\x00\x01"... see kMagic
+//   offset 0   8 bytes  magic kArtifactMagic ("NINFER" 0x1A 0x0A)
 //   offset 8   u32 LE   format version
 //   offset 12  u32 LE   reserved (0)
 //   offset 16  u64 LE   header length in bytes (JSON, UTF-8)

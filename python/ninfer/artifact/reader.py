@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.artifact.layout import (
+    ALIGNMENT,
     FORMAT_VERSION,
     MAGIC,
     PREAMBLE_SIZE,
@@ -20,6 +21,7 @@ from ninfer.artifact.layout import (
     tensor_nbytes,
     unpack_preamble,
 )
+from ninfer.artifact.numerics import bf16_bits_to_f32, dequantize_q8_0
 
 
 @dataclass
@@ -62,6 +64,29 @@ class ArtifactHeader:
             self.path, dtype=np.uint8, mode="r",
             offset=self.data_offset + entry["offset"], shape=(entry["nbytes"],),
         )
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Read-only map in the stored encoding: f32/f16/i32 as such, bf16 as uint16 bits,
+        q8_0 as uint8 blocks of shape [..., cols / 32 * 34]."""
+        entry = self.tensors[name]
+        shape = list(entry["shape"])
+        if entry["dtype"] == "q8_0":
+            shape[-1] = shape[-1] // 32 * 34
+        return self.tensor_bytes(name).view(_STORED_NUMPY[entry["dtype"]]).reshape(shape)
+
+    def tensor_f32(self, name: str) -> np.ndarray:
+        """A float32 copy of one tensor, decoded from its stored format."""
+        entry = self.tensors[name]
+        stored = self.tensor(name)
+        if entry["dtype"] == "bf16":
+            return bf16_bits_to_f32(stored)
+        if entry["dtype"] == "q8_0":
+            return dequantize_q8_0(stored, entry["shape"])
+        return np.array(stored, dtype=np.float32)
+
+
+_STORED_NUMPY = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "bf16": np.dtype("<u2"),
+                 "q8_0": np.dtype("u1"), "i32": np.dtype("<i4")}
 
 
 def read_header(path: str | os.PathLike[str]) -> ArtifactHeader:
@@ -109,6 +134,8 @@ def read_header(path: str | os.PathLike[str]) -> ArtifactHeader:
         if not isinstance(entry, dict):
             raise fail(f"tensor {name!r} entry is not an object")
         _check_extent(fail, f"tensor {name!r}", entry.get("offset"), entry.get("nbytes"), data_size)
+        if entry["offset"] % ALIGNMENT:
+            raise fail(f"tensor {name!r} offset {entry['offset']} is not {ALIGNMENT}-byte aligned")
         try:
             expected = tensor_nbytes(entry.get("dtype"), entry.get("shape"))
         except (TypeError, ValueError) as e:

@@ -2,21 +2,31 @@
 
 Tensors are generated and written one row block at a time, so a 27B-shaped artifact needs
 no more memory than one block. The same (config, seed, dtype, tokenizer) gives identical bytes.
+`plan_random_artifact` gives the tensor table alone, so the real model shapes can be checked
+(and their size shown) without writing anything.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ninfer.artifact import ArtifactWriter
+from ninfer.artifact.layout import tensor_nbytes
 from ninfer.convert.header_fields import metadata, tokenizer_section
 from ninfer.convert.model_config import architecture_of, expected_tensors, normalize_config
 from ninfer.convert.progress import progress_bar
+from ninfer.convert.qwen3_5_config import (
+    hybrid_architecture_of,
+    normalize_qwen3_5_config,
+    qwen3_5_expected_tensors,
+)
 from ninfer.convert.synthetic_tokenizer import (
     CHATML_TEMPLATE,
     synthetic_token_ids,
@@ -25,6 +35,49 @@ from ninfer.convert.synthetic_tokenizer import (
 from ninfer.convert.tensors import encode, row_ranges, stored_dtype
 
 WEIGHT_STD = 0.02  # small enough that activations stay finite through many random layers
+# Qwen3.5 norm gains vary this much around their centre, so a parity test notices a gain
+# applied to the wrong channel or head, or `w` used where `1 + w` belongs (spec §8.1).
+HYBRID_NORM_STD = 0.1
+SYNTHETIC = "synthetic"  # `tokenizer=` value: the small generated tokenizer, for any config
+
+# Header tokenizer facts of the real Qwen3.5/3.6 tokenizer (model spec §1.1, §6.1).
+QWEN3_5_TOKENIZER_FIELDS = {
+    "bos_token": None, "eos_token": "<|im_end|>", "bos_token_id": None,
+    "eos_token_ids": [248046, 248044], "pad_token_id": 248044, "add_bos_token": False,
+}
+
+
+@dataclass(frozen=True)
+class RandomPlan:
+    """What `make_random_artifact` would write, without the data."""
+
+    architecture: str
+    config: dict[str, Any]  # normalized header config
+    tensors: dict[str, tuple[str, tuple[int, ...]]]  # name → (stored dtype, shape), in order
+
+    @property
+    def parameters(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.tensors.values())
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(tensor_nbytes(dtype, shape) for dtype, shape in self.tensors.values())
+
+
+def plan_random_artifact(config: dict[str, Any], *, dtype: str = "bf16") -> RandomPlan:
+    """Architecture, normalized config and tensor table for the HF-style `config`."""
+    hybrid = hybrid_architecture_of(config)
+    if hybrid is not None:
+        architecture = hybrid
+        normalized = normalize_qwen3_5_config(hybrid, config)
+        shapes = qwen3_5_expected_tensors(normalized)
+    else:
+        architecture = architecture_of(config)
+        normalized = normalize_config(architecture, config)
+        shapes = expected_tensors(normalized)
+    requested = "bf16" if dtype == "keep" else dtype
+    tensors = {n: (stored_dtype(s, "f32", requested), tuple(s)) for n, s in shapes.items()}
+    return RandomPlan(architecture, normalized, tensors)
 
 
 def _tensor_rng(seed: int, name: str) -> np.random.Generator:
@@ -32,21 +85,35 @@ def _tensor_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+
 def _random_rows(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(WEIGHT_STD)
+    values = _normal(rng, shape, WEIGHT_STD)
     if name.endswith("norm.weight"):  # RMSNorm gains live around 1, not 0
         values += np.float32(1.0)
     return values
 
 
-def _tokenizer_fields(tokenizer_json: bytes, hf_config: dict[str, Any],
-                      synthetic: bool) -> dict[str, Any]:
-    if synthetic:
-        ids = synthetic_token_ids()
-        return {"bos_token": None, "eos_token": "<|im_end|>", "bos_token_id": None,
-                "eos_token_ids": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-                "pad_token_id": ids["<|endoftext|>"], "add_bos_token": False}
-    return tokenizer_section(json.loads(tokenizer_json), {}, hf_config, {})
+def _random_hybrid_rows(rng: np.random.Generator, name: str,
+                        shape: tuple[int, ...]) -> np.ndarray:
+    """Qwen3.5/3.6 values in the ranges transformers initialises them to, with spread."""
+    if name.endswith("linear_attn.A_log"):
+        # HF: A ~ U(0.01, 16), stored as log A; the per-step decay exp(-A·softplus(a + dt))
+        # then ranges from almost 1 (long memory) to almost 0 across heads.
+        return np.log(rng.uniform(0.01, 16.0, shape)).astype(np.float32)
+    if name.endswith("linear_attn.dt_bias"):
+        return np.float32(1.0) + _normal(rng, shape, 0.1)  # HF: ones; varied per head
+    if name.endswith("linear_attn.norm.weight"):
+        return np.float32(1.0) + _normal(rng, shape, HYBRID_NORM_STD)  # plain gain (spec §2.4)
+    if name.endswith("norm.weight"):
+        return _normal(rng, shape, HYBRID_NORM_STD)  # zero-centred (1 + w) gains (spec §2.2)
+    if name.endswith("linear_attn.conv1d.weight"):
+        # A depthwise tap sees only `kernel` inputs; fan-in scaling keeps the conv output the
+        # size of its input (HF's 0.02 would shrink q, k and v fifty-fold).
+        return _normal(rng, shape, 1.0 / math.sqrt(shape[-1]))
+    return _normal(rng, shape, WEIGHT_STD)
 
 
 def _tokenizer_size(tokenizer_json: bytes) -> int:
@@ -55,6 +122,32 @@ def _tokenizer_size(tokenizer_json: bytes) -> int:
     ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
     ids += [token["id"] for token in document.get("added_tokens") or []]
     return max(ids) + 1 if ids else 0
+
+
+def _tokenizer(tokenizer: bytes | str | Path | None, hybrid: bool,
+               config: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """tokenizer.json bytes and the header's tokenizer section."""
+    if tokenizer is None and hybrid:
+        from ninfer.prompt.qwen_tokenizer import qwen3_5_tokenizer_json
+
+        return qwen3_5_tokenizer_json().read_bytes(), dict(QWEN3_5_TOKENIZER_FIELDS)
+    if tokenizer is None or tokenizer == SYNTHETIC:
+        ids = synthetic_token_ids()
+        return synthetic_tokenizer_json(), {
+            "bos_token": None, "eos_token": "<|im_end|>", "bos_token_id": None,
+            "eos_token_ids": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            "pad_token_id": ids["<|endoftext|>"], "add_bos_token": False,
+        }
+    data = tokenizer if isinstance(tokenizer, bytes) else Path(tokenizer).read_bytes()
+    return data, tokenizer_section(json.loads(data), {}, config, {})
+
+
+def _stored_config_json(config: dict[str, Any], architecture: str, hybrid: bool) -> bytes:
+    # model_type lets transformers.AutoConfig rebuild the reference model from this resource.
+    model_type = architecture
+    if hybrid and "text_config" not in config:
+        model_type = architecture + "_text"  # a flat Qwen3.5 config is the text config
+    return json.dumps({"model_type": model_type, **config}, indent=2, sort_keys=True).encode()
 
 
 def make_random_artifact(
@@ -70,49 +163,48 @@ def make_random_artifact(
 ) -> Path:
     """Write a random-weight artifact for the HF-style `config` (a config.json dict).
 
-    `tokenizer` is tokenizer.json content (bytes) or a path to one; by default a small
-    deterministic byte-level BPE with ChatML tokens is generated.
+    `tokenizer` is tokenizer.json content (bytes), a path to one, or "synthetic" for a small
+    deterministic byte-level BPE with ChatML tokens. By default Qwen3.5/3.6 configs get the
+    real Qwen3.5/3.6 tokenizer and NInfer's qwen3_5 chat template, other configs the
+    synthetic tokenizer and a ChatML template.
     """
-    architecture = architecture_of(config)
-    normalized = normalize_config(architecture, config)
-    synthetic = tokenizer is None
-    if tokenizer is None:
-        tokenizer_json = synthetic_tokenizer_json()
-    elif isinstance(tokenizer, bytes):
-        tokenizer_json = tokenizer
-    else:
-        tokenizer_json = Path(tokenizer).read_bytes()
+    plan = plan_random_artifact(config, dtype=dtype)
+    hybrid = plan.architecture in ("qwen3_5", "qwen3_5_moe")
+    tokenizer_json, tokenizer_fields = _tokenizer(tokenizer, hybrid, config)
     needed = _tokenizer_size(tokenizer_json)
-    if normalized["vocab_size"] < needed:
+    if plan.config["vocab_size"] < needed:
         raise ValueError(
-            f"config vocab_size {normalized['vocab_size']} is smaller than the tokenizer's "
-            f"{needed} ids"
+            f"config vocab_size {plan.config['vocab_size']} is smaller than the tokenizer's "
+            f"{needed} ids" + (" (give tokenizer='synthetic' / --tokenizer synthetic for a "
+                               "small vocabulary)" if hybrid and tokenizer is None else "")
         )
-    requested = "bf16" if dtype == "keep" else dtype
+    if chat_template is None:
+        from ninfer.prompt.builtin_templates import template_for_architecture
+
+        chat_template = template_for_architecture(plan.architecture) or CHATML_TEMPLATE
     writer = ArtifactWriter(
         output,
-        architecture=architecture,
-        config=normalized,
-        metadata=metadata(name or f"random-{architecture}", f"random seed={seed}", created=None),
+        architecture=plan.architecture,
+        config=plan.config,
+        metadata=metadata(name or f"random-{plan.architecture}", f"random seed={seed}",
+                          created=None),
         generation={},
-        tokenizer=_tokenizer_fields(tokenizer_json, config, synthetic),
+        tokenizer=tokenizer_fields,
     )
-    shapes = expected_tensors(normalized)
-    targets = {n: stored_dtype(s, "f32", requested) for n, s in shapes.items()}
-    for tensor_name, shape in shapes.items():
-        writer.declare(tensor_name, targets[tensor_name], shape)
+    for tensor_name, (tensor_dtype, shape) in plan.tensors.items():
+        writer.declare(tensor_name, tensor_dtype, shape)
     writer.add_resource("tokenizer.json", tokenizer_json)
-    writer.add_resource("chat_template.jinja", (chat_template or CHATML_TEMPLATE).encode())
-    writer.add_resource("config.json", json.dumps(config, indent=2, sort_keys=True).encode())
+    writer.add_resource("chat_template.jinja", chat_template.encode())
+    writer.add_resource("config.json", _stored_config_json(config, plan.architecture, hybrid))
+    rows = _random_hybrid_rows if hybrid else _random_rows
     try:
         writer.begin()
-        total = sum(int(np.prod(s)) for s in shapes.values())
-        with progress_bar(total, "random weights", enabled=progress) as bar:
-            for tensor_name, shape in shapes.items():
+        with progress_bar(plan.parameters, "random weights", enabled=progress) as bar:
+            for tensor_name, (tensor_dtype, shape) in plan.tensors.items():
                 rng = _tensor_rng(seed, tensor_name)
                 for start, stop in row_ranges(shape):  # fixed blocks: a fixed rng sequence
-                    values = _random_rows(rng, tensor_name, (stop - start, *shape[1:]))
-                    writer.write_part(tensor_name, encode(values, "f32", targets[tensor_name]))
+                    values = rows(rng, tensor_name, (stop - start, *shape[1:]))
+                    writer.write_part(tensor_name, encode(values, "f32", tensor_dtype))
                     bar.update(values.size)
         return writer.close()
     except BaseException:
