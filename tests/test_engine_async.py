@@ -268,3 +268,18 @@ def test_step_failures_are_logged_and_health_follows_the_core(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("worker recovering from a failed request") for m in messages)
     assert any(m.startswith("engine stopped") for m in messages)
+
+
+def test_engine_follows_a_new_event_loop():
+    engine = _engine(max_context=128)
+
+    async def one() -> list[int]:
+        tokens, _, _ = await _stream(
+            engine.submit(GenerationRequest([5, 6], 4, SamplingParams(temperature=0.0)))
+        )
+        return tokens
+
+    first = asyncio.run(one())  # e.g. warmup in its own loop
+    second = asyncio.run(one())  # then serving in another
+    asyncio.run(engine.close())
+    assert first == second and len(first) == 4

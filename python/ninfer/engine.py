@@ -295,16 +295,20 @@ class AsyncEngine:
         self._closed = True
         await asyncio.to_thread(self._core.shutdown)
         self._dispatch()
-        if self._loop is not None:
+        if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.event_fd)
-            self._loop = None
+        self._loop = None
 
     # --- event routing -------------------------------------------------------------------
 
     def _watch_events(self) -> None:
-        if self._loop is not None:
-            return
         loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        # A new loop (e.g. warmup ran under its own asyncio.run): move the reader over.
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._core.event_fd)
         loop.add_reader(self._core.event_fd, self._dispatch)
         self._loop = loop
 
