@@ -89,6 +89,8 @@ def test_submit_refusals_are_typed():
         assert (info.value.prompt_tokens, info.value.max_context) == (40, 32)
         with pytest.raises(ValueError, match="top_p"):
             engine.submit(GenerationRequest([1], 4, SamplingParams(top_p=0.0)))
+        with pytest.raises(ValueError, match="max_tokens"):
+            engine.submit(GenerationRequest([1], -3))
         first = engine.submit(GenerationRequest([1], 30))
         second = engine.submit(GenerationRequest([2], 30))
         with pytest.raises(EngineOverloaded):
@@ -216,3 +218,68 @@ def test_async_context_manager_cancels_on_exit():
 
     events = asyncio.run(main())
     assert events[-1].finish_reason == "cancelled"
+
+
+def test_huge_budgets_are_capped_by_the_context():
+    async def main():
+        engine = _engine(max_context=40)
+        handle = engine.submit(
+            GenerationRequest(
+                [1, 2],
+                10**12,
+                SamplingParams(temperature=0.5, top_k=10**10, seed=2**70 + 5),
+                ignore_eos=True,
+                min_tokens=10**11,
+            )
+        )
+        tokens, _, events = await _stream(handle)
+        await engine.close()
+        return tokens, events
+
+    tokens, events = asyncio.run(main())
+    assert len(tokens) == 38 and events[-1].finish_reason == "length"
+
+
+def test_step_failures_are_logged_and_health_follows_the_core(caplog):
+    async def main():
+        engine = _engine(max_concurrency=1, max_pending=16)
+        engine._core.toy_fail_next_forwards(1)
+        _, _, events = await _stream(engine.submit(GenerationRequest([1], 3)))
+        assert events[-1].finish_reason == "error"
+        assert engine.healthy
+        _, _, events = await _stream(engine.submit(GenerationRequest([1], 3)))
+        assert events[-1].finish_reason != "error"  # a success resets the failure count
+        engine._core.toy_fail_next_forwards(8)
+        for _ in range(8):
+            _, _, events = await _stream(engine.submit(GenerationRequest([1], 3)))
+            assert events[-1].finish_reason == "error"
+        for _ in range(100):
+            if not engine.healthy:
+                break
+            await asyncio.sleep(0.01)
+        healthy = engine.healthy
+        with pytest.raises(EngineUnavailable, match="8 failed steps"):
+            engine.submit(GenerationRequest([1], 3))
+        await engine.close()
+        return healthy
+
+    with caplog.at_level("WARNING", logger="ninfer.engine"):
+        assert asyncio.run(main()) is False
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("worker recovering from a failed request") for m in messages)
+    assert any(m.startswith("engine stopped") for m in messages)
+
+
+def test_engine_follows_a_new_event_loop():
+    engine = _engine(max_context=128)
+
+    async def one() -> list[int]:
+        tokens, _, _ = await _stream(
+            engine.submit(GenerationRequest([5, 6], 4, SamplingParams(temperature=0.0)))
+        )
+        return tokens
+
+    first = asyncio.run(one())  # e.g. warmup in its own loop
+    second = asyncio.run(one())  # then serving in another
+    asyncio.run(engine.close())
+    assert first == second and len(first) == 4

@@ -80,7 +80,7 @@ def test_prefill_chunk_size_does_not_change_outputs(chunk):
 def test_decode_batch_forms_while_requests_overlap():
     engine = make_engine(max_concurrency=4)
     # A slow first step holds the worker while the four requests queue up behind it.
-    engine.toy_set_step_delay_us(50_000)
+    engine.toy_set_step_delay_us(200_000)
     blocker = submit_ok(engine, [9], 1)
     wait_until(lambda: engine.stats()["running"] == 1)
     ids = [submit_ok(engine, [i + 1, 2, 3], 40, temperature=0.0, ignore_eos=True) for i in range(4)]

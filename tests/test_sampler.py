@@ -157,3 +157,21 @@ def test_unusable_logits_raise():
         _core.Sampler().sample(np.array([1.0, np.nan], dtype=np.float32))
     with pytest.raises(RuntimeError, match="no token"):
         _core.Sampler().sample(np.array([1.0, 2.0], dtype=np.float32), {}, [0, 1])
+
+
+def test_top_p_cut_inside_a_tied_flat_tail():
+    # Three strong tokens over thousands of equal ones: the cut lands deep in the tie, which
+    # lower ids win. Exercises the selection path beyond the sorted heads.
+    row = np.zeros(20000, dtype=np.float32)
+    row[[17, 4000, 12345]] = [6.0, 4.0, 3.0]
+    p = _probs(row, 1.0)
+    tail = p[0]
+    head_mass = p[[17, 4000, 12345]].sum()
+    keep_tail = 3000
+    top_p = float(head_mass + (keep_tail + 0.5) * tail)
+    samples = _core.Sampler(top_p=top_p, seed=8).sample_many(row, 4000)
+    expected = _reference(row, top_p=top_p)
+    allowed = set(np.flatnonzero(expected))
+    assert len(allowed) == 3 + keep_tail + 1
+    assert set(np.unique(samples)) <= allowed
+    assert {17, 4000, 12345} <= allowed and 3001 in allowed and 3002 not in allowed

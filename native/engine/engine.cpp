@@ -18,6 +18,12 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+// One sampling thread per lane, up to the machine's hardware threads.
+int sampling_threads(int lanes) {
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::clamp(lanes, 1, hardware);
+}
+
 }  // namespace
 
 int64_t kv_pages_for(const EngineOptions& options) {
@@ -34,7 +40,8 @@ Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, Engin
       token_bytes_(std::move(token_bytes)),
       vocab_size_(model_ ? model_->info().vocab_size : 0),
       scheduler_((options_.max_concurrency >= 1 && options_.max_concurrency <= 8) ? options_.max_concurrency : 1,
-                 std::max(options_.prefill_chunk, 1), *pool_) {
+                 std::max(options_.prefill_chunk, 1), *pool_),
+      sampling_pool_(sampling_threads(options_.max_concurrency)) {
   if (!pool_ || !model_) throw std::invalid_argument("engine needs a model and a KV pool");
   if (options_.max_concurrency < 1 || options_.max_concurrency > 8)
     throw std::invalid_argument("max_concurrency must be between 1 and 8, got " +
@@ -225,43 +232,15 @@ void Engine::retire(Sequence& seq) {
 }
 
 void Engine::run() {
-  std::vector<EngineEvent> events;
   try {
     while (true) {
-      events.clear();
-      {
-        std::unique_lock lock(mu_);
-        wake_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
-        if (stopping_) break;
-        const auto now = EngineClock::now();
-        for (auto& seq : scheduler_.take_expired(now)) {
-          EngineEvent event = base_event(*seq, EventKind::QueueTimeout);
-          finish(*seq, event, FinishReason::Error);
-          event.error = "the request waited " + std::to_string(options_.pending_timeout_ms) +
-                        " ms for a lane without being admitted";
-          events.push_back(std::move(event));
-          retire(*seq);
-        }
-        for (Sequence* seq : scheduler_.resident()) {
-          if (!seq->cancel_requested) continue;
-          EngineEvent event = base_event(*seq, EventKind::Output);
-          finish(*seq, event, FinishReason::Cancelled);
-          events.push_back(std::move(event));
-          retire(*seq);
-        }
-        for (Sequence* seq : scheduler_.admit(now)) {
-          model_->reset_lane(seq->lane);
-          requests_admitted_.fetch_add(1, std::memory_order_relaxed);
-          events.push_back(base_event(*seq, EventKind::Admitted));
-        }
-        scheduler_.plan(step_);
-      }
+      std::vector<EngineEvent> events;
+      if (!step_boundary(events)) break;
       events_.push(std::move(events));
-      events = {};
       if (step_.empty()) continue;
-      execute_step(events);
-      events_.push(std::move(events));
-      events = {};
+      std::vector<EngineEvent> outputs;
+      execute_step(outputs);
+      events_.push(std::move(outputs));
       if (consecutive_failures_ >= kMaxConsecutiveFailures) {
         fail_everything("the engine stopped after " + std::to_string(kMaxConsecutiveFailures) +
                         " failed steps in a row; last error: " + failure_);
@@ -273,6 +252,35 @@ void Engine::run() {
     return;
   }
   fail_everything("the engine is shutting down");
+}
+
+bool Engine::step_boundary(std::vector<EngineEvent>& events) {
+  std::unique_lock lock(mu_);
+  wake_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
+  if (stopping_) return false;
+  const auto now = EngineClock::now();
+  for (auto& seq : scheduler_.take_expired(now)) {
+    EngineEvent event = base_event(*seq, EventKind::QueueTimeout);
+    finish(*seq, event, FinishReason::Error);
+    event.error = "the request waited " + std::to_string(options_.pending_timeout_ms) +
+                  " ms for a lane without being admitted";
+    events.push_back(std::move(event));
+    retire(*seq);
+  }
+  for (Sequence* seq : scheduler_.resident()) {
+    if (!seq->cancel_requested) continue;
+    EngineEvent event = base_event(*seq, EventKind::Output);
+    finish(*seq, event, FinishReason::Cancelled);
+    events.push_back(std::move(event));
+    retire(*seq);
+  }
+  for (Sequence* seq : scheduler_.admit(now)) {
+    model_->reset_lane(seq->lane);
+    requests_admitted_.fetch_add(1, std::memory_order_relaxed);
+    events.push_back(base_event(*seq, EventKind::Admitted));
+  }
+  scheduler_.plan(step_);
+  return true;
 }
 
 void Engine::execute_step(std::vector<EngineEvent>& events) {
@@ -303,54 +311,66 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     failures_gauge_ = 0;
     decode_rows_.fetch_add(static_cast<uint64_t>(step_.decode_rows), std::memory_order_relaxed);
     tokens_prefilled_.fetch_add(static_cast<uint64_t>(step_.prefill_tokens), std::memory_order_relaxed);
-    const auto now = EngineClock::now();
-    int logit_row = 0;
-    for (size_t i = 0; i < step_.rows.size(); ++i) {
-      Sequence& seq = *step_.rows[i];
-      const SeqSlice& slice = step_.batch.slices[i];
-      float* logits = slice.wants_logits ? logits_.data() + static_cast<int64_t>(logit_row++) * vocab_size_ : nullptr;
-      seq.cached += slice.num_tokens;
-      if (seq.cancel_requested) {
-        EngineEvent event = base_event(seq, EventKind::Output);
-        finish(seq, event, FinishReason::Cancelled);
-        events.push_back(std::move(event));
-        done.push_back(&seq);
-        continue;
-      }
-      if (seq.phase == Phase::Prefilling) {
-        if (seq.cached < seq.prompt_len()) continue;  // more prompt to go: nothing to report
-        seq.phase = Phase::Decoding;
-        seq.prefilled = seq.last_commit = now;
-      } else {
-        seq.last_commit = now;
-      }
-      EngineEvent event = base_event(seq, EventKind::Output);
-      if (!logits) {  // max_tokens 0: the prompt was all there was to do
-        finish(seq, event, FinishReason::Length);
-        events.push_back(std::move(event));
-        done.push_back(&seq);
-        continue;
-      }
-      try {
-        const auto suppressed = suppressed_ids(seq);
-        const int32_t token = seq.sampler.sample(std::span<float>(logits, static_cast<size_t>(vocab_size_)),
-                                                 seq.output_counts, suppressed);
-        tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
-        commit_token(seq, token, event);
-      } catch (const std::exception& e) {
-        finish(seq, event, FinishReason::Error);
-        event.error = std::string("sampling failed: ") + e.what();
-      }
-      if (event.finished) done.push_back(&seq);
-      events.push_back(std::move(event));
-    }
+    commit_step(events, done);
   }
   if (done.empty()) return;
   std::lock_guard lock(mu_);
   for (Sequence* seq : done) retire(*seq);
 }
 
-void Engine::commit_token(Sequence& seq, int32_t token, EngineEvent& event) {
+void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done) {
+  const auto now = EngineClock::now();
+  struct Row {
+    Sequence* seq;
+    float* logits;
+    EngineEvent event;
+  };
+  std::vector<Row> rows;  // rows that report this step, in plan order
+  int logit_row = 0;
+  for (size_t i = 0; i < step_.rows.size(); ++i) {
+    Sequence& seq = *step_.rows[i];
+    const SeqSlice& slice = step_.batch.slices[i];
+    float* logits = slice.wants_logits ? logits_.data() + static_cast<int64_t>(logit_row++) * vocab_size_ : nullptr;
+    seq.cached += slice.num_tokens;
+    if (seq.cancel_requested) {
+      rows.push_back({&seq, nullptr, base_event(seq, EventKind::Output)});
+      finish(seq, rows.back().event, FinishReason::Cancelled);
+      continue;
+    }
+    if (seq.phase == Phase::Prefilling) {
+      if (seq.cached < seq.prompt_len()) continue;  // more prompt to go: nothing to report
+      seq.phase = Phase::Decoding;
+      seq.prefilled = now;
+    }
+    seq.last_commit = now;
+    rows.push_back({&seq, logits, base_event(seq, EventKind::Output)});
+    if (!logits) finish(seq, rows.back().event, FinishReason::Length);  // max_tokens 0: prompt only
+  }
+
+  // Rows are independent (own sampler, history and stop state), so they sample in parallel.
+  sampling_pool_.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t r) {
+    Row& row = rows[static_cast<size_t>(r)];
+    if (row.event.finished) return;
+    Sequence& seq = *row.seq;
+    try {
+      const auto suppressed = suppressed_ids(seq);
+      const int32_t token = seq.sampler.sample(std::span<float>(row.logits, static_cast<size_t>(vocab_size_)),
+                                               seq.output_counts, suppressed);
+      tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
+      commit_token(seq, token, row.event);
+    } catch (const std::exception& e) {
+      finish(seq, row.event, FinishReason::Error);
+      row.event.error = std::string("sampling failed: ") + e.what();
+    }
+  });
+
+  for (auto& row : rows) {
+    if (row.event.finished) done.push_back(row.seq);
+    events.push_back(std::move(row.event));
+  }
+}
+
+void Engine::commit_token(Sequence& seq, int32_t token, EngineEvent& event) const {
   seq.output.push_back(token);
   ++seq.output_counts[token];
   event.token_ids.push_back(token);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/kv_pool.h"
+#include "common/thread_pool.h"
 #include "engine/engine_event.h"
 #include "engine/event_queue.h"
 #include "engine/generation_params.h"
@@ -104,8 +105,14 @@ class Engine {
  private:
   std::string validate(const GenerationParams& params) const;
   void run();
+  // Under the lock: queue timeouts, cancellations, admissions, then the next plan. False once
+  // the engine is stopping.
+  bool step_boundary(std::vector<EngineEvent>& events);
   void execute_step(std::vector<EngineEvent>& events);
-  void commit_token(Sequence& seq, int32_t token, EngineEvent& event);
+  // After a successful forward: advances every row, samples, applies stops. Thread-safe per
+  // row, so rows are sampled on the sampling pool.
+  void commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done);
+  void commit_token(Sequence& seq, int32_t token, EngineEvent& event) const;
   std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
   bool is_eos(int32_t token) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
@@ -130,6 +137,7 @@ class Engine {
   std::string failure_;  // why the engine stopped, once it has
 
   EventQueue events_;
+  ThreadPool sampling_pool_;  // worker only: samples the rows of a step in parallel
   StepPlan step_;            // worker only
   std::vector<float> logits_;  // worker only
   int consecutive_failures_ = 0;  // worker only

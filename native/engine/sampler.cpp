@@ -101,23 +101,43 @@ void Sampler::keep_top_p() {
   double total = 0.0;
   for (const auto& c : candidates_) total += c.weight;
   const double target = static_cast<double>(params_.top_p) * total;
-  // Sorting the whole vocabulary is wasteful when a few tokens carry the mass: sort a growing
-  // head until the prefix reaches the target.
-  size_t head = std::min<size_t>(64, candidates_.size());
-  while (true) {
-    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(head),
-                      candidates_.end(), MoreProbable{});
-    double cumulative = 0.0;
-    for (size_t i = 0; i < head; ++i) {
-      cumulative += candidates_[i].weight;
-      if (cumulative >= target) {
-        candidates_.resize(i + 1);
-        return;
-      }
+  const auto at = [this](size_t i) { return candidates_.begin() + static_cast<std::ptrdiff_t>(i); };
+  const auto keep_through = [this](size_t i) { candidates_.resize(i + 1); };
+
+  // Usually a few tokens carry the mass: sort growing heads (a heap pass over the rest is
+  // cheap while the head is small).
+  constexpr size_t kFirstHead = 64, kLastHead = 1024;
+  size_t lo = 0;  // [0, lo) are the lo most probable candidates, in order
+  double below_lo = 0.0;  // their mass
+  for (size_t head = kFirstHead; lo < candidates_.size() && lo < kLastHead; head *= 4) {
+    const size_t end = std::min(head, candidates_.size());
+    std::partial_sort(at(lo), at(end), candidates_.end(), MoreProbable{});
+    for (; lo < end; ++lo) {
+      below_lo += candidates_[lo].weight;
+      if (below_lo >= target) return keep_through(lo);
     }
-    if (head == candidates_.size()) return;  // rounding left the target just out of reach
-    head = std::min(candidates_.size(), head * 4);
   }
+  // A flat tail: bisect the rest with selections (linear time overall). Invariant: [0, lo)
+  // are the lo most probable candidates, and the cut lies in [lo, hi).
+  size_t hi = candidates_.size();
+  while (hi - lo > kFirstHead) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(at(lo), at(mid), at(hi), MoreProbable{});
+    double upper = 0.0;
+    for (size_t i = lo; i < mid; ++i) upper += candidates_[i].weight;
+    if (below_lo + upper >= target) {
+      hi = mid;
+    } else {
+      below_lo += upper;
+      lo = mid;
+    }
+  }
+  std::sort(at(lo), at(hi), MoreProbable{});
+  for (size_t i = lo; i < hi; ++i) {
+    below_lo += candidates_[i].weight;
+    if (below_lo >= target) return keep_through(i);
+  }
+  // Rounding left the target just out of reach: every candidate stays.
 }
 
 void Sampler::keep_min_p() {

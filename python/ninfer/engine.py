@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,9 @@ from ninfer.engine_types import (
     QueueTimeout,
     Timings,
 )
+
+_INT32_MAX = 2**31 - 1
+_log = logging.getLogger("ninfer.engine")
 
 
 def _core_module() -> Any:
@@ -188,6 +192,7 @@ class AsyncEngine:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._failure_logged = False
 
     # --- construction --------------------------------------------------------------------
 
@@ -241,10 +246,11 @@ class AsyncEngine:
         s = request.sampling
         result = self._core.submit(
             request.prompt_ids,
-            request.max_tokens,
+            # Output is capped by the context ceiling anyway; keep huge budgets in int32.
+            min(request.max_tokens, _INT32_MAX),
             temperature=s.temperature,
             top_p=s.top_p,
-            top_k=s.top_k,
+            top_k=min(s.top_k, _INT32_MAX),
             min_p=s.min_p,
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
@@ -252,7 +258,7 @@ class AsyncEngine:
             stop_token_ids=request.stop_token_ids,
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
-            min_tokens=request.min_tokens,
+            min_tokens=min(request.min_tokens, _INT32_MAX),
         )
         status = result.status
         if status == "overloaded":
@@ -289,27 +295,46 @@ class AsyncEngine:
         self._closed = True
         await asyncio.to_thread(self._core.shutdown)
         self._dispatch()
-        if self._loop is not None:
+        if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.event_fd)
-            self._loop = None
+        self._loop = None
 
     # --- event routing -------------------------------------------------------------------
 
     def _watch_events(self) -> None:
-        if self._loop is not None:
-            return
         loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        # A new loop (e.g. warmup ran under its own asyncio.run): move the reader over.
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._core.event_fd)
         loop.add_reader(self._core.event_fd, self._dispatch)
         self._loop = loop
 
     def _dispatch(self) -> None:
+        failures: set[str] = set()
         for core_event in self._core.drain_events():
+            if core_event.finish_reason == "error" and core_event.error:
+                failures.add(core_event.error)
             handle = self._handles.get(core_event.request_id)
             if handle is None:
                 continue  # dropped handle: its cancel is already on the way
             handle._deliver(core_event)
             if handle._finished:
                 self._handles.pop(core_event.request_id, None)
+        if failures:
+            self._log_failures(failures)
+
+    def _log_failures(self, failures: set[str]) -> None:
+        if not self._core.healthy:
+            if not self._failure_logged:
+                self._failure_logged = True
+                _log.error("engine stopped: %s", sorted(failures)[0])
+            return
+        for message in sorted(failures):
+            if message.startswith("model step failed") or message.startswith("sampling failed"):
+                _log.warning("worker recovering from a failed request: %s", message)
 
     def _cancel(self, request_id: int) -> None:
         self._core.cancel(request_id)
