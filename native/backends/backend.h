@@ -63,6 +63,13 @@ struct AttentionShape {
   float scale = 0.0f;             // softmax scale, usually 1/sqrt(head_dim)
 };
 
+// One weight of a matmul_many call: y[m, weight->rows] = x · weight^T (+ bias).
+struct MatmulOutput {
+  const Weight* weight = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -83,6 +90,11 @@ class Backend {
   // --- ops (all array arguments are backend memory unless marked host) ---------------
   // y[m, w.rows] = x[m, w.cols] · w^T (+ bias[w.rows] when bias is non-null).
   virtual void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) = 0;
+  // Several matmuls of the same x (all weights have x's width), e.g. q/k/v or gate/up; a
+  // backend may run them as one launch.
+  virtual void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) {
+    for (const auto& o : outputs) matmul(x, m, *o.weight, o.bias, o.y);
+  }
   // out[i, :] = table[tokens[i], :] as float32. `tokens` is host memory.
   virtual void embedding(const Weight& table, std::span<const int32_t> tokens, float* out) = 0;
   // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight (x may equal y).

@@ -1,12 +1,38 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace ninfer {
 
 namespace {
+
 thread_local bool t_inside_job = false;
+
+constexpr auto kSpin = std::chrono::microseconds(40);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
 }
+
+// Polls `ready` for up to kSpin; true when it became true.
+template <typename Ready>
+bool spin_until(const Ready& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return ready();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   int total = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -18,7 +44,7 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard lock(mutex_);
-    stopping_ = true;
+    stopping_.store(true);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -44,16 +70,19 @@ void ThreadPool::run_items() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
-    {
+    const auto published = [&] {
+      return stopping_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(published)) {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
+      wake_.wait(lock, published);
     }
+    if (stopping_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
     run_items();
-    {
-      std::lock_guard lock(mutex_);
-      if (--busy_workers_ == 0) done_.notify_one();
+    if (busy_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard lock(mutex_);  // pairs with the caller's predicate check under mutex_
+      done_.notify_one();
     }
   }
 }
@@ -64,21 +93,26 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  std::lock_guard caller(call_mutex_);  // one job at a time when several threads share the pool
+  job_ = &fn;
+  job_items_ = n;
+  next_item_.store(0, std::memory_order_relaxed);
+  error_ = nullptr;
+  busy_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
     std::lock_guard lock(mutex_);
-    job_ = &fn;
-    job_items_ = n;
-    next_item_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
-    busy_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   run_items();
+  const auto finished = [&] { return busy_workers_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(finished)) {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, finished);
+  }
   std::exception_ptr error;
   {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return busy_workers_ == 0; });
+    std::lock_guard lock(mutex_);
     job_ = nullptr;
     error = error_;
   }

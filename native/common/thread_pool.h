@@ -4,6 +4,8 @@
 // Work items are handed out dynamically from a shared counter, which balances uneven items
 // (attention over sequences of different lengths) without a per-job plan. Jobs do not nest:
 // a parallel_for issued from inside a job runs inline on the calling worker.
+// Decode issues a few hundred short jobs per token, so idle workers and the waiting caller
+// spin briefly before sleeping: a futex wake-up per job would cost more than the job.
 #pragma once
 
 #include <atomic>
@@ -40,12 +42,13 @@ class ThreadPool {
   void run_items();
 
   std::vector<std::thread> workers_;
+  std::mutex call_mutex_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  uint64_t generation_ = 0;       // bumped for each job, under mutex_
-  bool stopping_ = false;
-  int busy_workers_ = 0;          // workers still inside the current job, under mutex_
+  std::atomic<uint64_t> generation_{0};  // bumped (under mutex_) to publish each job
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> busy_workers_{0};     // workers still inside the current job
 
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t job_items_ = 0;

@@ -236,9 +236,8 @@ void LlamaModel::forward(const BatchPlan& plan, float* logits) {
   for (int64_t li = 0; li < cfg_.layers; ++li) {
     const Layer& L = layers_[static_cast<size_t>(li)];
     b.rms_norm(hidden, t, h, L.input_norm.data(), cfg_.eps, normed);
-    b.matmul(normed, t, L.q, L.q_bias.data(), q);
-    b.matmul(normed, t, L.k, L.k_bias.data(), k);
-    b.matmul(normed, t, L.v, L.v_bias.data(), v);
+    const MatmulOutput qkv[] = {{&L.q, L.q_bias.data(), q}, {&L.k, L.k_bias.data(), k}, {&L.v, L.v_bias.data(), v}};
+    b.matmul_many(normed, t, qkv);
     if (cfg_.qk_norm) {
       b.rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
       b.rms_norm(k, t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k);
@@ -250,8 +249,8 @@ void LlamaModel::forward(const BatchPlan& plan, float* logits) {
     b.matmul(attn, t, L.o, L.o_bias.data(), normed);
     b.add(hidden, normed, t * h);
     b.rms_norm(hidden, t, h, L.post_norm.data(), cfg_.eps, normed);
-    b.matmul(normed, t, L.gate, nullptr, gate);
-    b.matmul(normed, t, L.up, nullptr, up);
+    const MatmulOutput gate_up[] = {{&L.gate, nullptr, gate}, {&L.up, nullptr, up}};
+    b.matmul_many(normed, t, gate_up);
     b.swiglu(gate, up, t * inter, gate);
     b.matmul(gate, t, L.down, nullptr, normed);
     b.add(hidden, normed, t * h);

@@ -25,6 +25,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
+  void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
   void embedding(const Weight& table, std::span<const int32_t> tokens, float* out) override;
   void rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
                 float* y) override;

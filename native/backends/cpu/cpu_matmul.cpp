@@ -3,9 +3,12 @@
 // Work is split over output columns (weight rows) so each thread streams a disjoint slice of
 // the weights exactly once; for prefill, rows of X are processed in blocks so a weight chunk
 // is reused from cache across the block. Q8_0 weights meet X quantized to int8 blocks.
+// Several weights applied to the same X (q/k/v, gate/up) run as one job: one hand-off to the
+// thread pool and one quantization of X instead of one per weight.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 
@@ -16,55 +19,93 @@ namespace {
 constexpr int64_t kRowBlock = 64;            // X rows per task: keeps the X block in L2
 constexpr int64_t kChunkBytes = 32 * 1024;   // weight bytes per task at most (L1/L2 resident)
 
-int64_t columns_per_task(int64_t n, int64_t weight_row_bytes, int threads) {
+int64_t columns_per_task(int64_t m, int64_t n, int64_t weight_row_bytes, int threads) {
+  if (m <= 2) {
+    // Decode: no weight reuse across X rows, so hand each thread long contiguous runs that the
+    // kernels' software prefetch can stream through; two per thread absorb uneven progress.
+    const int64_t chunk = std::max<int64_t>(16, (n + 2 * threads - 1) / (2 * threads));
+    return (chunk + 3) / 4 * 4;
+  }
   const int64_t by_cache = std::max<int64_t>(4, kChunkBytes / std::max<int64_t>(weight_row_bytes, 1));
   const int64_t by_balance = std::max<int64_t>(4, n / (static_cast<int64_t>(threads) * 4));
   const int64_t chunk = std::min(by_cache, by_balance);
   return (chunk + 3) / 4 * 4;
 }
 
+MatmulTileF32 float_tile(const CpuKernels& kernels, DType dtype) {
+  switch (dtype) {
+    case DType::F32: return kernels.tile_f32;
+    case DType::F16: return kernels.tile_f16;
+    case DType::BF16: return kernels.tile_bf16;
+    case DType::Q8_0: return nullptr;
+    case DType::I32: break;
+  }
+  throw std::invalid_argument("matmul: " + std::string(dtype_name(dtype)) + " weights are not supported");
+}
+
+// One output's split into (column chunk x row block) tasks.
+struct OutputPlan {
+  MatmulOutput out;
+  MatmulTileF32 tile;       // null for q8_0
+  int64_t row_bytes;
+  int64_t cols_per_task;
+  int64_t col_tasks;
+};
+
 }  // namespace
 
 void CpuBackend::matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) {
-  const int64_t n = w.rows, k = w.cols;
-  if (m <= 0 || n <= 0) return;
-  const CpuKernels& kernels = cpu_kernels();
-  const int64_t w_row_bytes = row_bytes(w.dtype, k);
+  const MatmulOutput out{&w, bias, y};
+  matmul_many(x, m, std::span(&out, 1));
+}
 
-  const BlockQ8Act* xq = nullptr;
+void CpuBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) {
+  if (m <= 0 || outputs.empty()) return;
+  const CpuKernels& kernels = cpu_kernels();
+  const int64_t k = outputs[0].weight->cols;
+  const int64_t row_tasks = (m + kRowBlock - 1) / kRowBlock;
+
+  std::vector<OutputPlan> plans;
+  std::vector<int64_t> first_task{0};
+  bool any_q8 = false;
+  for (const MatmulOutput& o : outputs) {
+    const Weight& w = *o.weight;
+    if (w.cols != k) throw std::invalid_argument("matmul_many: all weights must share the input width");
+    if (w.rows <= 0) continue;
+    OutputPlan plan{o, float_tile(kernels, w.dtype), row_bytes(w.dtype, k), 0, 0};
+    plan.cols_per_task = columns_per_task(m, w.rows, plan.row_bytes, pool_.size());
+    plan.col_tasks = (w.rows + plan.cols_per_task - 1) / plan.cols_per_task;
+    any_q8 = any_q8 || w.dtype == DType::Q8_0;
+    plans.push_back(plan);
+    first_task.push_back(first_task.back() + plan.col_tasks * row_tasks);
+  }
+
   const int64_t blocks_per_row = k / kQ8BlockSize;
-  if (w.dtype == DType::Q8_0) {
+  if (any_q8) {
     quantized_x_.resize(static_cast<size_t>(m * blocks_per_row));
     BlockQ8Act* dst = quantized_x_.data();
     pool_.parallel_ranges(m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) kernels.quantize_row_q8(x + i * k, k, dst + i * blocks_per_row);
     });
-    xq = dst;
   }
-  MatmulTileF32 tile = nullptr;
-  switch (w.dtype) {
-    case DType::F32: tile = kernels.tile_f32; break;
-    case DType::F16: tile = kernels.tile_f16; break;
-    case DType::BF16: tile = kernels.tile_bf16; break;
-    case DType::Q8_0: break;
-    case DType::I32: throw std::invalid_argument("matmul: i32 weights are not supported");
-  }
+  const BlockQ8Act* xq = quantized_x_.data();
 
-  const int64_t cols = columns_per_task(n, w_row_bytes, pool_.size());
-  const int64_t col_tasks = (n + cols - 1) / cols;
-  const int64_t row_tasks = (m + kRowBlock - 1) / kRowBlock;
-  const auto* w_bytes = static_cast<const uint8_t*>(w.data);
-  pool_.parallel_for(col_tasks * row_tasks, [&](int64_t task) {
+  pool_.parallel_for(first_task.back(), [&](int64_t task) {
+    const size_t p = static_cast<size_t>(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                                         first_task.begin() - 1);
+    const OutputPlan& plan = plans[p];
+    const int64_t local = task - first_task[p];
+    const int64_t n = plan.out.weight->rows;
     // Consecutive tasks share a weight chunk, so a thread tends to find it still cached.
-    const int64_t c0 = (task / row_tasks) * cols, r0 = (task % row_tasks) * kRowBlock;
-    const int64_t nc = std::min(cols, n - c0), nr = std::min(kRowBlock, m - r0);
-    const uint8_t* wc = w_bytes + c0 * w_row_bytes;
-    float* yc = y + r0 * n + c0;
-    if (xq)
-      kernels.tile_q8_0(xq + r0 * blocks_per_row, blocks_per_row, nr, wc, w_row_bytes, nc, k, yc, n);
+    const int64_t c0 = (local / row_tasks) * plan.cols_per_task, r0 = (local % row_tasks) * kRowBlock;
+    const int64_t nc = std::min(plan.cols_per_task, n - c0), nr = std::min(kRowBlock, m - r0);
+    const uint8_t* wc = static_cast<const uint8_t*>(plan.out.weight->data) + c0 * plan.row_bytes;
+    float* yc = plan.out.y + r0 * n + c0;
+    if (plan.tile)
+      plan.tile(x + r0 * k, k, nr, wc, plan.row_bytes, nc, k, yc, n);
     else
-      tile(x + r0 * k, k, nr, wc, w_row_bytes, nc, k, yc, n);
-    if (bias)
+      kernels.tile_q8_0(xq + r0 * blocks_per_row, blocks_per_row, nr, wc, plan.row_bytes, nc, k, yc, n);
+    if (const float* bias = plan.out.bias)
       for (int64_t i = 0; i < nr; ++i)
         for (int64_t j = 0; j < nc; ++j) yc[i * n + j] += bias[c0 + j];
   });

@@ -2,6 +2,7 @@
 // the dispatcher has checked that the CPU supports those extensions.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -18,6 +19,26 @@ inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// Prefetches the cache lines of [p, p + bytes) into L1. Prefetches never fault, so running past
+// the end of the weights is harmless; the address is formed as an integer for that reason.
+inline void prefetch_span(uintptr_t start, int64_t bytes) {
+  for (uintptr_t line = start & ~uintptr_t{63}; line < start + static_cast<uintptr_t>(bytes); line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
+}
+
+// Software prefetch of the weight rows a fixed distance ahead: rows of a few hundred bytes are
+// too short for the hardware prefetcher to lock on, and decode is bound by this stream.
+constexpr int64_t kPrefetchBytes = 32 * 1024;
+
+int64_t prefetch_distance_rows(int64_t w_row_bytes) {
+  return std::max<int64_t>(4, kPrefetchBytes / w_row_bytes / 4 * 4);
+}
+
+// The 4 rows starting at `row` when they lie inside this tile's n rows, else 0 (no prefetch).
+uintptr_t rows_ahead(const uint8_t* w, int64_t w_row_bytes, int64_t row, int64_t n) {
+  return row + 4 <= n ? reinterpret_cast<uintptr_t>(w + row * w_row_bytes) : 0;
 }
 
 // Loads 8 weights as float32, and converts one weight for the k % 8 tail.
@@ -45,15 +66,17 @@ struct BF16Weights {
 // R x-rows times C w-rows of dot products, kept in R*C vector accumulators.
 template <typename W, int R, int C>
 void micro_tile(const float* x, int64_t x_stride, const uint8_t* w, int64_t w_row_bytes, int64_t k,
-                float* y, int64_t ldy) {
+                float* y, int64_t ldy, uintptr_t ahead) {
   using E = typename W::Element;
   const E* wr[C];
   for (int c = 0; c < C; ++c) wr[c] = reinterpret_cast<const E*>(w + c * w_row_bytes);
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  const int64_t ahead_step = C * static_cast<int64_t>(sizeof(E)) * 8;
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
+    if (ahead) prefetch_span(ahead + static_cast<uintptr_t>((i / 8) * ahead_step), ahead_step);
     __m256 xv[R];
     for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * x_stride + i);
     for (int c = 0; c < C; ++c) {
@@ -73,8 +96,11 @@ template <typename W, int R>
 void tile_rows(const float* x, int64_t x_stride, const uint8_t* w, int64_t w_row_bytes, int64_t n,
                int64_t k, float* y, int64_t ldy) {
   int64_t j = 0;
-  for (; j + 4 <= n; j += 4) micro_tile<W, R, 4>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy);
-  for (; j < n; ++j) micro_tile<W, R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy);
+  const int64_t distance = prefetch_distance_rows(w_row_bytes);
+  for (; j + 4 <= n; j += 4)
+    micro_tile<W, R, 4>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy,
+                        rows_ahead(w, w_row_bytes, j + distance, n));
+  for (; j < n; ++j) micro_tile<W, R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy, 0);
 }
 
 template <typename W>
@@ -101,11 +127,12 @@ inline __m256i dot_i8(__m256i w_abs, __m256i w, __m256i x) {
 
 template <int R, int C>
 void micro_tile_q8(const BlockQ8Act* x, int64_t x_stride, const uint8_t* w, int64_t w_row_bytes,
-                   int64_t blocks, float* y, int64_t ldy) {
+                   int64_t blocks, float* y, int64_t ldy, uintptr_t ahead) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
+    if (ahead) prefetch_span(ahead + static_cast<uintptr_t>(b * C * kQ8BlockBytes), C * kQ8BlockBytes);
     __m256i xq[R];
     float xs[R];
     for (int r = 0; r < R; ++r) {
@@ -131,8 +158,11 @@ template <int R>
 void tile_rows_q8(const BlockQ8Act* x, int64_t x_stride, const uint8_t* w, int64_t w_row_bytes,
                   int64_t n, int64_t blocks, float* y, int64_t ldy) {
   int64_t j = 0;
-  for (; j + 4 <= n; j += 4) micro_tile_q8<R, 4>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy);
-  for (; j < n; ++j) micro_tile_q8<R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy);
+  const int64_t distance = prefetch_distance_rows(w_row_bytes);
+  for (; j + 4 <= n; j += 4)
+    micro_tile_q8<R, 4>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy,
+                        rows_ahead(w, w_row_bytes, j + distance, n));
+  for (; j < n; ++j) micro_tile_q8<R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy, 0);
 }
 
 void tile_q8_0(const BlockQ8Act* x, int64_t x_stride, int64_t m, const void* w, int64_t w_row_bytes,
