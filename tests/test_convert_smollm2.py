@@ -30,20 +30,37 @@ def _smollm2_gguf() -> Path:
 GGUF = _smollm2_gguf()
 
 # llama.cpp's regex list for tokenizer.ggml.pre = "smollm" (llama-vocab.cpp), applied in turn.
-SMOLLM_REGEXES = (r"\p{N}",
-                  r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)")
+SMOLLM_REGEXES = (
+    r"\p{N}",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+)
 
 FIXED = [
-    "Hello world", "Hello 12345 world", "The year 2024, 3.14159 and 1,000,000.", "a  1",
-    "x   42\n\n7\tz", "def f(x):\n    return x**2  # comment\n", "naïve café 🙂 déjà vu",
-    "中文字符和数字123", "  leading and trailing spaces  ", "tabs\tand\r\nnewlines\n\n\n",
-    "I'm sure they'll've done it", "½ ² ٣ Ⅻ", "<not special> <|im_end", "", " ", "\n",
-    "emoji 👍🏽 family 👨‍👩‍👧", "HTML <div class=\"a\">1</div>", "x=[1,2,3];y={'k':0x1F}",
+    "Hello world",
+    "Hello 12345 world",
+    "The year 2024, 3.14159 and 1,000,000.",
+    "a  1",
+    "x   42\n\n7\tz",
+    "def f(x):\n    return x**2  # comment\n",
+    "naïve café 🙂 déjà vu",
+    "中文字符和数字123",
+    "  leading and trailing spaces  ",
+    "tabs\tand\r\nnewlines\n\n\n",
+    "I'm sure they'll've done it",
+    "½ ² ٣ Ⅻ",
+    "<not special> <|im_end",
+    "",
+    " ",
+    "\n",
+    "emoji 👍🏽 family 👨‍👩‍👧",
+    'HTML <div class="a">1</div>',
+    "x=[1,2,3];y={'k':0x1F}",
 ]
 
 
-def llama_cpp_reference(text: str, ranks: dict[tuple[str, str], int],
-                        vocab: dict[str, int]) -> list[int]:
+def llama_cpp_reference(
+    text: str, ranks: dict[tuple[str, str], int], vocab: dict[str, int]
+) -> list[int]:
     """llama.cpp's BPE, independently: regex splits in turn, byte-level, lowest-rank merges."""
     words = [text]
     for pattern in SMOLLM_REGEXES:
@@ -53,7 +70,7 @@ def llama_cpp_reference(text: str, ranks: dict[tuple[str, str], int],
             cursor = 0
             for match in compiled.finditer(word):
                 if match.start() > cursor:
-                    pieces.append(word[cursor:match.start()])
+                    pieces.append(word[cursor : match.start()])
                 if match.end() > match.start():
                     pieces.append(match.group())
                 cursor = match.end()
@@ -65,8 +82,10 @@ def llama_cpp_reference(text: str, ranks: dict[tuple[str, str], int],
     for word in words:
         symbols = [alphabet[b] for b in word.encode("utf-8")]
         while len(symbols) > 1:
-            rank, i = min((ranks.get((symbols[i], symbols[i + 1]), 1 << 30), i)
-                          for i in range(len(symbols) - 1))
+            rank, i = min(
+                (ranks.get((symbols[i], symbols[i + 1]), 1 << 30), i)
+                for i in range(len(symbols) - 1)
+            )
             if rank == 1 << 30:
                 break
             symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
@@ -121,8 +140,11 @@ def test_agrees_with_transformers_without_digits_and_differs_with_them(
     def theirs(text: str) -> list[int]:
         return transformers_tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    digit_free = [t for t in FIXED + random_strings(300, seed=3, digits=False)
-                  if not regex.search(r"\p{N}", t)]
+    digit_free = [
+        t
+        for t in FIXED + random_strings(300, seed=3, digits=False)
+        if not regex.search(r"\p{N}", t)
+    ]
     assert len(digit_free) > 50
     for text in digit_free:
         assert tokenizer.encode(text, add_special_tokens=False).ids == theirs(text), repr(text)
@@ -131,9 +153,12 @@ def test_agrees_with_transformers_without_digits_and_differs_with_them(
     ours = tokenizer.encode("a  1", add_special_tokens=False).tokens
     assert ours == ["a", "ĠĠ", "1"]
     assert transformers_tokenizer.convert_ids_to_tokens(theirs("a  1")) == ["a", "Ġ", "Ġ", "1"]
-    differing = [t for t in random_strings(300, seed=4)
-                 if regex.search(r"\p{N}", t)
-                 and tokenizer.encode(t, add_special_tokens=False).ids != theirs(t)]
+    differing = [
+        t
+        for t in random_strings(300, seed=4)
+        if regex.search(r"\p{N}", t)
+        and tokenizer.encode(t, add_special_tokens=False).ids != theirs(t)
+    ]
     assert differing  # the known divergence exists, and we are on llama.cpp's side of it
 
 
@@ -159,11 +184,20 @@ def test_smollm2_artifact_header(smollm2_artifact: Path) -> None:
     header = json.loads(art.header_json)
     assert art.architecture == "llama"
     assert header["config"] == {
-        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-        "vocab_size": 49152, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
-        "rope_scaling": None, "max_position_embeddings": 8192, "tie_word_embeddings": True,
-        "attention_bias": False, "qk_norm": False,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "vocab_size": 49152,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "rope_scaling": None,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "qk_norm": False,
     }
     assert header["tokenizer"]["bos_token_id"] == 1
     assert header["tokenizer"]["eos_token_ids"][0] == 2
@@ -182,8 +216,9 @@ def test_token_bytes_of_the_rebuilt_vocabulary() -> None:
     from ninfer.tokenizer import Tokenizer
 
     tokenizer_json, header = read_gguf_tokenizer(GGUF)
-    ours = Tokenizer.from_json_bytes(tokenizer_json, bos_token_id=header["bos_token_id"],
-                                     eos_token_ids=header["eos_token_ids"])
+    ours = Tokenizer.from_json_bytes(
+        tokenizer_json, bos_token_id=header["bos_token_id"], eos_token_ids=header["eos_token_ids"]
+    )
     hf = tokenizers.Tokenizer.from_str(tokenizer_json.decode())
     table = ours.token_bytes()
     assert len(table) == ours.vocab_size == 49152

@@ -72,8 +72,10 @@ def convert_hf_folder(
     if missing:
         raise UnsupportedModelError(f"{folder}: checkpoint lacks tensors {missing[:5]}")
     unexpected = [
-        n for n in stored
-        if n not in shapes and not n.endswith(_IGNORED_SUFFIXES)
+        n
+        for n in stored
+        if n not in shapes
+        and not n.endswith(_IGNORED_SUFFIXES)
         and not (n == "lm_head.weight" and config["tie_word_embeddings"])
     ]
     if unexpected:
@@ -112,8 +114,9 @@ def convert_hf_folder(
         with progress_bar(total, f"converting {folder.name}", enabled=progress) as bar:
             for tensor_name in shapes:
                 source = stored[tensor_name]
-                write_encoded(writer, tensor_name, source.array(), source.dtype,
-                              targets[tensor_name])
+                write_encoded(
+                    writer, tensor_name, source.array(), source.dtype, targets[tensor_name]
+                )
                 bar.update(source.nbytes)
         return writer.close()
     except BaseException:

@@ -39,13 +39,19 @@ def _random_rows(rng: np.random.Generator, name: str, shape: tuple[int, ...]) ->
     return values
 
 
-def _tokenizer_fields(tokenizer_json: bytes, hf_config: dict[str, Any],
-                      synthetic: bool) -> dict[str, Any]:
+def _tokenizer_fields(
+    tokenizer_json: bytes, hf_config: dict[str, Any], synthetic: bool
+) -> dict[str, Any]:
     if synthetic:
         ids = synthetic_token_ids()
-        return {"bos_token": None, "eos_token": "<|im_end|>", "bos_token_id": None,
-                "eos_token_ids": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-                "pad_token_id": ids["<|endoftext|>"], "add_bos_token": False}
+        return {
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "bos_token_id": None,
+            "eos_token_ids": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            "pad_token_id": ids["<|endoftext|>"],
+            "add_bos_token": False,
+        }
     return tokenizer_section(json.loads(tokenizer_json), {}, hf_config, {})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -34,7 +35,10 @@ async def chat_completions(request: HttpRequest, served: ServedModel, config: Ap
     started = time.perf_counter()
     watcher = DisconnectWatcher(request.receive)
     try:
-        handle = served.engine.submit(lowered.generation)
+        try:
+            handle = served.engine.submit(lowered.generation)
+        except ValueError as exc:  # the engine's verdict on this request's parameters
+            raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
         watcher.on_disconnect(handle.cancel)
         try:
             await watcher.race(handle.admitted())
@@ -93,16 +97,18 @@ async def _stream(
     try:
         await sse.event(renderer.role_chunk())
         decoder = IncrementalTextDecoder()
-        async for event in with_heartbeat(handle, config.keep_alive_s, sse.keep_alive):
-            if watcher.disconnected.is_set():
-                return event
-            text = decoder.feed(event.text) + (decoder.flush() if event.finished else "")
-            if text:
-                await sse.event(renderer.content_chunk(text))
-            if event.finished:
-                _raise_if_failed(event)
-                await _send_stream_end(sse, renderer, lowered, event, config.usage_chunk_choice)
-                return event
+        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if watcher.disconnected.is_set():
+                    return event
+                text = decoder.feed(event.text) + (decoder.flush() if event.finished else "")
+                if text:
+                    await sse.event(renderer.content_chunk(text))
+                if event.finished:
+                    _raise_if_failed(event)
+                    await _send_stream_end(sse, renderer, lowered, event, config.usage_chunk_choice)
+                    return event
         raise ApiError(
             500, "the engine ended the request without a final event", code="engine_error"
         )
