@@ -20,12 +20,16 @@ from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import ApiError, from_decode_error, from_engine_error
 from ninfer.server.http import HttpRequest
+from ninfer.server.inflight import InflightRequests, shutting_down
 from ninfer.server.sse import SseStream, with_heartbeat
 
 log = logging.getLogger("ninfer.server")
 
 
-async def chat_completions(request: HttpRequest, served: ServedModel, config: AppConfig) -> None:
+async def chat_completions(
+    request: HttpRequest, served: ServedModel, config: AppConfig, inflight: InflightRequests
+) -> None:
+    inflight.check_open()
     body = await request.read_body(config.max_request_bytes)
     try:
         parsed = decode_request(body)
@@ -40,6 +44,7 @@ async def chat_completions(request: HttpRequest, served: ServedModel, config: Ap
         except ValueError as exc:  # the engine's verdict on this request's parameters
             raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
         watcher.on_disconnect(handle.cancel)
+        inflight.add(handle)
         try:
             await watcher.race(handle.admitted())
             renderer = ChatRenderer(served.public_id)
@@ -48,6 +53,7 @@ async def chat_completions(request: HttpRequest, served: ServedModel, config: Ap
             else:
                 final = await _aggregate(request, handle, renderer, lowered, watcher)
         finally:
+            inflight.discard(handle)
             handle.cancel()  # idempotent; frees the lane on every early exit
     finally:
         watcher.stop()
@@ -151,7 +157,7 @@ def _raise_if_failed(event: EngineEvent) -> None:
             500, f"generation failed: {event.error or 'engine error'}", code="engine_error"
         )
     if event.finish_reason == "cancelled":
-        raise ApiError(503, "the request was cancelled by the server", code="service_unavailable")
+        raise shutting_down()  # cancelled by the server itself: only a stop does that
 
 
 def _log_done(

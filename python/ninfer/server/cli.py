@@ -108,7 +108,13 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
             ),
             on_ready=lambda: _log_ready(served, config, args),
         )
-        await serve(app, args.host, args.port, debug=args.log_level in ("trace", "debug"))
+        await serve(
+            app,
+            args.host,
+            args.port,
+            on_stop=app.begin_shutdown,
+            debug=args.log_level in ("trace", "debug"),
+        )
     finally:
         await engine.close()
 
