@@ -138,6 +138,13 @@ def test_eight_concurrent_streams_each_get_their_own_answer(client):
     assert together == alone
 
 
+def test_zero_max_tokens_processes_the_prompt_only(client):
+    reply = chat(client, "just read this", max_tokens=0)
+    assert reply.choices[0].message.content == ""
+    assert reply.usage.completion_tokens == 0
+    assert reply.choices[0].finish_reason == "length"
+
+
 def test_prompt_beyond_the_ceiling(client):
     with pytest.raises(openai.BadRequestError) as caught:
         chat(client, "word " * 600)
