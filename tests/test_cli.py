@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -15,6 +16,16 @@ from ninfer.default_model import ModelSourceError, cached_conversion, resolve_mo
 from ninfer.server.cli import engine_config, main, resolve_device
 from ninfer.server.options import UNAVAILABLE_OPTIONS, build_parser, parse_args, process_sampling
 from server_harness import free_port
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """main() configures process-wide logging; leave it as other tests expect it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
 
 IMPLEMENTED = [
     "--host", "--port", "--api-key", "--model-id", "--chat-template", "--max-context",
