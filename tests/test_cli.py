@@ -17,6 +17,7 @@ from ninfer.server.cli import engine_config, main, resolve_device
 from ninfer.server.options import UNAVAILABLE_OPTIONS, build_parser, parse_args, process_sampling
 from server_harness import free_port
 
+
 @pytest.fixture(autouse=True)
 def restore_logging():
     """main() configures process-wide logging; leave it as other tests expect it."""
