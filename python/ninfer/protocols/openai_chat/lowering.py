@@ -98,6 +98,12 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
         raise unsupported("tools", "tool calling is not available in this build")
     if request.functions:
         raise unsupported("functions", "legacy function calling is not available in this build")
+    if request.function_call not in (None, "none", "auto"):
+        raise unsupported("function_call", "legacy function calling is not available in this build")
+    if request.verbosity not in (None, "medium"):
+        raise unsupported("verbosity", "only the default (medium) verbosity is available")
+    if request.web_search_options is not None:
+        raise unsupported("web_search_options", "web search is not available")
     if request.tool_choice not in (None, "none", "auto"):
         raise unsupported("tool_choice", "tool calling is not available in this build")
     if request.store:
