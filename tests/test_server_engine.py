@@ -206,3 +206,73 @@ def test_embedded_default_model_answers_through_the_cli(tmp_path):
             _, log = process.communicate()
     assert "ready: serving" in log
     assert "context ceiling 1024" in log
+
+
+def test_cli_flags_reach_the_running_server(tmp_path):
+    """A .ninfer argument with --model-id, --chat-template, --api-key, --max-context and
+    --default-max-tokens, checked from the outside."""
+    artifact = make_random_artifact(LLAMA, tmp_path / "m.ninfer", seed=2, name="ignored-name")
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ninfer.server",
+            str(artifact),
+            "--port",
+            str(port),
+            "--model-id",
+            "my/alias",
+            "--chat-template",
+            str(template),
+            "--api-key",
+            "k",
+            "--max-context",
+            "300",
+            "--default-max-tokens",
+            "7",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "5",
+            "--log-level",
+            "debug",
+        ],  # fmt: skip
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                httpx.get(base + "/health", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+        card = client.models.retrieve("my/alias").model_dump()
+        assert card["max_model_len"] == 300 and card["meta"]["n_ctx"] == 300
+        messages = [{"role": "user", "content": "abc"}]
+        reply = client.chat.completions.create(model="my/alias", messages=messages)
+        assert reply.usage.completion_tokens <= 7
+        tokenizer = AsyncEngine.open(artifact, EngineConfig(max_context=300)).tokenizer
+        assert reply.usage.prompt_tokens == len(tokenizer.encode("[user]abc\n[assistant]"))
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        again = client.chat.completions.create(model="my/alias", messages=messages)
+        assert again.choices[0].message.content == reply.choices[0].message.content  # --seed
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base + "/v1", api_key="no", max_retries=0).models.list()
+    finally:
+        process.terminate()
+        _, log = process.communicate(timeout=20)
+    assert process.returncode == 0, log
+    assert "model my/alias: llama" in log and "context ceiling 300 tokens" in log
+    assert "server stopped" in log
