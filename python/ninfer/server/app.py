@@ -215,7 +215,17 @@ class NInferApp:
         if error is None:
             log.exception("%s %s %s failed", request.request_id, request.method, request.path)
             error = ApiError(500, "internal server error", code="internal_error")
-        elif error.status >= 500:
+        elif error.status < 500:
+            log.info(
+                "%s %s %s: %d %s (%s)",
+                request.request_id,
+                request.method,
+                request.path,
+                error.status,
+                error.code,
+                error.param or "-",
+            )
+        else:
             log.warning(
                 "%s %s %s: %s", request.request_id, request.method, request.path, error.message
             )
