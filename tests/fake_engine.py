@@ -130,7 +130,7 @@ class FakeHandle:
     async def _generate(self) -> AsyncIterator[EngineEvent]:
         engine, req = self._engine, self.request
         engine.requests.append(req)
-        user = _last_user_text(engine.tokenizer.decode(req.prompt_ids))
+        user = _last_user_text(engine.tokenizer, req.prompt_ids)
         answer, endless = engine.answer(user, req)
         if user.startswith("slow:"):
             await self._sleep(engine.slow_pause)
@@ -208,9 +208,18 @@ class FakeHandle:
         )
 
 
-def _last_user_text(prompt: str) -> str:
-    turns = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, flags=re.S)
-    return turns[-1] if turns else ""
+def _last_user_text(tokenizer: FakeTokenizer, ids: list[int]) -> str:
+    """Read turns by special-token ids, as a model does: spelled markers are just text."""
+    start, end = tokenizer.SPECIALS["<|im_start|>"], tokenizer.SPECIALS["<|im_end|>"]
+    user = ""
+    for i, token in enumerate(ids):
+        if token != start:
+            continue
+        close = ids.index(end, i) if end in ids[i:] else len(ids)
+        turn = tokenizer.decode(ids[i + 1 : close])
+        if turn.startswith("user\n"):
+            user = turn[len("user\n") :]
+    return user
 
 
 def _longest_stop_prefix(held: bytes, stops: list[bytes]) -> int:

@@ -36,7 +36,13 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.stop)
+        """What SIGTERM does: end requests in flight, then stop serving."""
+
+        def stop_in_loop() -> None:
+            self.app.begin_shutdown()
+            self.server.stop()
+
+        self.loop.call_soon_threadsafe(stop_in_loop)
         self.thread.join(10)
 
 

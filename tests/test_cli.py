@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import sys
 import types
 from pathlib import Path
@@ -13,6 +15,18 @@ from ninfer import default_model
 from ninfer.default_model import ModelSourceError, cached_conversion, resolve_model, source_kind
 from ninfer.server.cli import engine_config, main, resolve_device
 from ninfer.server.options import UNAVAILABLE_OPTIONS, build_parser, parse_args, process_sampling
+from server_harness import free_port
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """main() configures process-wide logging; leave it as other tests expect it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
 
 IMPLEMENTED = [
     "--host", "--port", "--api-key", "--model-id", "--chat-template", "--max-context",
@@ -147,7 +161,7 @@ def test_embedded_default_is_found():
 def fake_converter(monkeypatch):
     calls: list[tuple[Path, Path]] = []
 
-    def convert_source(source, output, *, progress=True):
+    def convert_source(source, output, *, progress=True, name=None, dtype="keep"):
         calls.append((Path(source), Path(output)))
         if Path(source).read_bytes().endswith(b"broken"):
             Path(output).write_bytes(b"half")
@@ -192,3 +206,20 @@ def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     assert default_model.cache_dir() == tmp_path
     monkeypatch.delenv("NINFER_CACHE_DIR")
     assert default_model.cache_dir() == Path.home() / ".cache" / "ninfer"
+
+
+def test_unloadable_artifact_exits_with_message(tmp_path, capsys):
+    pytest.importorskip("ninfer._core")
+    model = tmp_path / "broken.ninfer"
+    model.write_bytes(default_model.ARTIFACT_MAGIC + b"\0" * 40)
+    assert main([str(model), "--port", str(free_port())]) == 1
+    assert f"cannot load {model}" in capsys.readouterr().err
+
+
+def test_busy_port_exits_before_loading(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["--port", str(port)]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -10,16 +10,38 @@ import pytest
 from ninfer import _core
 from ninfer.convert.cli import main
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64,
-          "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 512}
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "vocab_size": 512,
+}
 
 
 def test_random_then_reconvert_refusal(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))
     out = tmp_path / "r.ninfer"
-    assert main(["--random", str(config), "--seed", "3", "--dtype", "q8_0", "--name", "tiny",
-                 "-o", str(out), "-q"]) == 0
+    assert (
+        main(
+            [
+                "--random",
+                str(config),
+                "--seed",
+                "3",
+                "--dtype",
+                "q8_0",
+                "--name",
+                "tiny",
+                "-o",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     art = _core.Artifact.open(str(out))
     assert json.loads(art.header_json)["metadata"]["name"] == "tiny"
     assert art.tensor_info("model.layers.0.mlp.up_proj.weight")["dtype"] == "q8_0"

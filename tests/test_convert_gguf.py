@@ -27,8 +27,11 @@ D, FF, HEADS, KV_HEADS, LAYERS = 64, 96, 4, 2, 2
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """What llama.cpp's HF→GGUF converter does to q_proj/k_proj rows (reference)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
-        w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def hf_weights(arch: str, vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -58,28 +61,43 @@ def hf_weights(arch: str, vocab: int, rng: np.random.Generator) -> dict[str, np.
 
 
 GGUF_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight":
-    "ffn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight":
-    "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight":
-    "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight":
-    "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_norm.weight":
-    "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
 }
 # Storage type per tensor kind in the synthetic GGUF: one of each interesting case.
-STORAGE = {"attn_q.weight": Q.Q8_0, "attn_k.weight": Q.Q4_0, "attn_v.weight": Q.F16,
-           "ffn_gate.weight": Q.Q4_1, "token_embd.weight": Q.Q8_0, "output.weight": Q.BF16}
+STORAGE = {
+    "attn_q.weight": Q.Q8_0,
+    "attn_k.weight": Q.Q4_0,
+    "attn_v.weight": Q.F16,
+    "ffn_gate.weight": Q.Q4_1,
+    "token_embd.weight": Q.Q8_0,
+    "output.weight": Q.BF16,
+}
 
 
 def write_gguf(path: Path, arch: str, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Write a GGUF like llama.cpp's converter would; returns the HF-layout values it holds."""
     tokenizer = json.loads(synthetic_tokenizer_json())
-    vocab = {**tokenizer["model"]["vocab"],
-             **{t["content"]: t["id"] for t in tokenizer["added_tokens"]}}
+    vocab = {
+        **tokenizer["model"]["vocab"],
+        **{t["content"]: t["id"] for t in tokenizer["added_tokens"]},
+    }
     tokens = sorted(vocab, key=vocab.__getitem__)
-    types = [3 if t.startswith("<|") else 4 if t.startswith("<") and len(t) > 1 else 1
-             for t in tokens]
+    types = [
+        3 if t.startswith("<|") else 4 if t.startswith("<") and len(t) > 1 else 1 for t in tokens
+    ]
     writer = gguf.GGUFWriter(path, arch)
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
@@ -106,14 +124,15 @@ def write_gguf(path: Path, arch: str, weights: dict[str, np.ndarray]) -> dict[st
             _, _, index, rest = name.split(".", 3)
             gguf_name = f"blk.{index}.{GGUF_NAMES[rest]}"
         else:
-            gguf_name = {"model.embed_tokens.weight": "token_embd.weight",
-                         "model.norm.weight": "output_norm.weight",
-                         "lm_head.weight": "output.weight"}[name]
+            gguf_name = {
+                "model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight",
+            }[name]
         stored = value
         if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             stored = llama_cpp_permute(value, HEADS if "attn_q" in gguf_name else KV_HEADS)
-        qtype = STORAGE.get(gguf_name.split(".", 2)[-1] if "blk" in gguf_name else gguf_name,
-                            Q.F32)
+        qtype = STORAGE.get(gguf_name.split(".", 2)[-1] if "blk" in gguf_name else gguf_name, Q.F32)
         if qtype == Q.F32:
             writer.add_tensor(gguf_name, stored)
             held_value = stored
@@ -122,8 +141,9 @@ def write_gguf(path: Path, arch: str, weights: dict[str, np.ndarray]) -> dict[st
             held_value = stored.astype(np.float16).astype(np.float32)
         elif qtype == Q.BF16:
             bits = torch.from_numpy(stored).to(torch.bfloat16).view(torch.int16).numpy()
-            writer.add_tensor(gguf_name, bits.view(np.uint8).reshape(stored.shape[0], -1),
-                              raw_dtype=Q.BF16)
+            writer.add_tensor(
+                gguf_name, bits.view(np.uint8).reshape(stored.shape[0], -1), raw_dtype=Q.BF16
+            )
             held_value = torch.from_numpy(stored).to(torch.bfloat16).float().numpy()
         else:
             blocks = quantize(stored, qtype)
@@ -132,8 +152,11 @@ def write_gguf(path: Path, arch: str, weights: dict[str, np.ndarray]) -> dict[st
         if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             # undo the permutation on the held values to state them in HF layout
             n = HEADS if "attn_q" in gguf_name else KV_HEADS
-            held_value = held_value.reshape(n, held_value.shape[0] // n // 2, 2, -1).swapaxes(
-                1, 2).reshape(held_value.shape)
+            held_value = (
+                held_value.reshape(n, held_value.shape[0] // n // 2, 2, -1)
+                .swapaxes(1, 2)
+                .reshape(held_value.shape)
+            )
         held[name] = held_value
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -154,8 +177,9 @@ def as_f32(art: _core.Artifact, name: str) -> np.ndarray:
 def test_tiny_gguf_round_trip(tmp_path: Path, arch: str) -> None:
     weights = hf_weights(arch, 400, np.random.default_rng(11))
     held = write_gguf(tmp_path / "tiny.gguf", arch, weights)
-    out = convert_source(tmp_path / "tiny.gguf", tmp_path / "f32.ninfer", dtype="f32",
-                         progress=False)
+    out = convert_source(
+        tmp_path / "tiny.gguf", tmp_path / "f32.ninfer", dtype="f32", progress=False
+    )
     art = _core.Artifact.open(str(out))
     assert art.architecture == arch
     assert sorted(art.tensor_names()) == sorted(weights)
@@ -163,8 +187,9 @@ def test_tiny_gguf_round_trip(tmp_path: Path, arch: str) -> None:
         np.testing.assert_array_equal(as_f32(art, name), held[name], err_msg=name)
         step = np.abs(weights[name]).max() / 7  # coarsest storage here is 4-bit
         np.testing.assert_allclose(held[name], weights[name], atol=step, err_msg=name)
-        if name.endswith(("norm.weight", "o_proj.weight", "up_proj.weight", "down_proj.weight",
-                          ".bias")):
+        if name.endswith(
+            ("norm.weight", "o_proj.weight", "up_proj.weight", "down_proj.weight", ".bias")
+        ):
             np.testing.assert_array_equal(as_f32(art, name), weights[name], err_msg=name)
     header = json.loads(art.header_json)
     config = header["config"]
@@ -174,8 +199,9 @@ def test_tiny_gguf_round_trip(tmp_path: Path, arch: str) -> None:
     assert config["attention_bias"] == (arch == "qwen2")
     assert art.resource("chat_template.jinja").decode() == CHATML_TEMPLATE
 
-    keep = _core.Artifact.open(str(convert_source(tmp_path / "tiny.gguf", tmp_path / "k.ninfer",
-                                                  progress=False)))
+    keep = _core.Artifact.open(
+        str(convert_source(tmp_path / "tiny.gguf", tmp_path / "k.ninfer", progress=False))
+    )
     dtypes = {n: keep.tensor_info(n)["dtype"] for n in keep.tensor_names()}
     assert dtypes["model.layers.0.self_attn.v_proj.weight"] == "f16"  # float sources stay
     assert dtypes["lm_head.weight"] == "bf16"
@@ -183,8 +209,11 @@ def test_tiny_gguf_round_trip(tmp_path: Path, arch: str) -> None:
     assert dtypes["model.layers.0.self_attn.k_proj.weight"] == "q8_0"  # Q4_0 re-quantized
     assert dtypes["model.layers.0.input_layernorm.weight"] == "f32"
     # Q8_0 sources are copied block for block (after the row un-permutation)
-    q8 = dequantize_q8_0(keep.tensor("model.layers.0.self_attn.q_proj.weight"), (HEADS * 16, D)
-                         ) if arch == "llama" else None
+    q8 = (
+        dequantize_q8_0(keep.tensor("model.layers.0.self_attn.q_proj.weight"), (HEADS * 16, D))
+        if arch == "llama"
+        else None
+    )
     if q8 is not None:
         np.testing.assert_array_equal(q8, held["model.layers.0.self_attn.q_proj.weight"])
     k = as_f32(keep, "model.layers.0.self_attn.k_proj.weight")
@@ -198,14 +227,16 @@ def test_tiny_llama_gguf_matches_transformers_loader(tmp_path: Path) -> None:
 
     weights = hf_weights("llama", 400, np.random.default_rng(12))
     write_gguf(tmp_path / "tiny.gguf", "llama", weights)
-    out = convert_source(tmp_path / "tiny.gguf", tmp_path / "f32.ninfer", dtype="f32",
-                         progress=False)
+    out = convert_source(
+        tmp_path / "tiny.gguf", tmp_path / "f32.ninfer", dtype="f32", progress=False
+    )
     art = _core.Artifact.open(str(out))
     config = load_gguf_checkpoint(str(tmp_path / "tiny.gguf"))["config"]
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
-    theirs = load_gguf_checkpoint(str(tmp_path / "tiny.gguf"), return_tensors=True,
-                                  model_to_load=model)["tensors"]
+    theirs = load_gguf_checkpoint(
+        str(tmp_path / "tiny.gguf"), return_tensors=True, model_to_load=model
+    )["tensors"]
     for name in art.tensor_names():
         np.testing.assert_array_equal(as_f32(art, name), np.asarray(theirs[name]), err_msg=name)
 
@@ -214,11 +245,25 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     from ninfer.convert.gguf_tokenizer import build_tokenizer_json
 
     with pytest.raises(GGUFTokenizerError, match="unsupported tokenizer.ggml.pre 'mystery'"):
-        build_tokenizer_json(model="gpt2", pre="mystery", tokens=["a"], token_types=[1],
-                             merges=[], bos_token_id=None, add_bos_token=False)
+        build_tokenizer_json(
+            model="gpt2",
+            pre="mystery",
+            tokens=["a"],
+            token_types=[1],
+            merges=[],
+            bos_token_id=None,
+            add_bos_token=False,
+        )
     with pytest.raises(GGUFTokenizerError, match="only gpt2-style"):
-        build_tokenizer_json(model="llama", pre=None, tokens=["a"], token_types=[1], merges=[],
-                             bos_token_id=None, add_bos_token=False)
+        build_tokenizer_json(
+            model="llama",
+            pre=None,
+            tokens=["a"],
+            token_types=[1],
+            merges=[],
+            bos_token_id=None,
+            add_bos_token=False,
+        )
 
 
 def test_unsupported_gguf_architecture(tmp_path: Path) -> None:

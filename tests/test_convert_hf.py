@@ -25,16 +25,35 @@ from ninfer.convert.synthetic_tokenizer import (  # noqa: E402
     synthetic_tokenizer_json,
 )
 
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=420, max_position_embeddings=512)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=420,
+    max_position_embeddings=512,
+)
 
 
-def make_model(kind: str, folder: Path, *, dtype: torch.dtype, tie: bool = False,
-               shard: bool = False, **extra: object) -> dict[str, torch.Tensor]:
+def make_model(
+    kind: str,
+    folder: Path,
+    *,
+    dtype: torch.dtype,
+    tie: bool = False,
+    shard: bool = False,
+    **extra: object,
+) -> dict[str, torch.Tensor]:
     torch.manual_seed(hash(kind) % 1000)
     ids = synthetic_token_ids()
-    common = dict(SMALL, tie_word_embeddings=tie, bos_token_id=ids["<|endoftext|>"],
-                  eos_token_id=ids["<|im_end|>"], **extra)
+    common = dict(
+        SMALL,
+        tie_word_embeddings=tie,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        **extra,
+    )
     if kind == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     elif kind == "qwen2":
@@ -48,14 +67,26 @@ def make_model(kind: str, folder: Path, *, dtype: torch.dtype, tie: bool = False
     model = model.to(dtype)
     model.save_pretrained(folder, max_shard_size="40KB" if shard else "10GB")
     (folder / "tokenizer.json").write_bytes(synthetic_tokenizer_json())
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None,
-        "pad_token": "<|endoftext|>",
-    }))
-    (folder / "generation_config.json").write_text(json.dumps({
-        "temperature": 0.7, "top_p": 0.8, "top_k": 20, "eos_token_id": [ids["<|im_end|>"],
-                                                                       ids["<|endoftext|>"]],
-    }))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHATML_TEMPLATE,
+                "eos_token": "<|im_end|>",
+                "bos_token": None,
+                "pad_token": "<|endoftext|>",
+            }
+        )
+    )
+    (folder / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "temperature": 0.7,
+                "top_p": 0.8,
+                "top_k": 20,
+                "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            }
+        )
+    )
     tensors: dict[str, torch.Tensor] = {}
     for path in folder.glob("*.safetensors"):
         tensors.update(load_file(path))
@@ -72,15 +103,19 @@ def as_float(art: _core.Artifact, name: str) -> np.ndarray:
     return raw.astype(np.float32)
 
 
-@pytest.mark.parametrize(("kind", "dtype", "tie", "shard"), [
-    ("llama", torch.float32, False, False),
-    ("llama", torch.bfloat16, True, True),
-    ("qwen2", torch.bfloat16, False, True),
-    ("qwen3", torch.bfloat16, True, False),
-    ("qwen3", torch.float32, False, True),
-])
-def test_keep_reproduces_every_tensor(tmp_path: Path, kind: str, dtype: torch.dtype, tie: bool,
-                                      shard: bool) -> None:
+@pytest.mark.parametrize(
+    ("kind", "dtype", "tie", "shard"),
+    [
+        ("llama", torch.float32, False, False),
+        ("llama", torch.bfloat16, True, True),
+        ("qwen2", torch.bfloat16, False, True),
+        ("qwen3", torch.bfloat16, True, False),
+        ("qwen3", torch.float32, False, True),
+    ],
+)
+def test_keep_reproduces_every_tensor(
+    tmp_path: Path, kind: str, dtype: torch.dtype, tie: bool, shard: bool
+) -> None:
     source = make_model(kind, tmp_path / "hf", dtype=dtype, tie=tie, shard=shard)
     assert shard == (tmp_path / "hf" / "model.safetensors.index.json").exists()
     out = convert_source(tmp_path / "hf", tmp_path / "m.ninfer", progress=False, name="tiny")
@@ -98,8 +133,9 @@ def test_keep_reproduces_every_tensor(tmp_path: Path, kind: str, dtype: torch.dt
             np.testing.assert_array_equal(art.tensor(name), want.float().numpy(), err_msg=name)
         elif dtype == torch.bfloat16:
             assert info["dtype"] == "bf16"
-            np.testing.assert_array_equal(art.tensor(name),
-                                          want.view(torch.int16).numpy().view(np.uint16))
+            np.testing.assert_array_equal(
+                art.tensor(name), want.view(torch.int16).numpy().view(np.uint16)
+            )
         else:
             assert info["dtype"] == "f32"
             np.testing.assert_array_equal(art.tensor(name), want.numpy())
@@ -111,10 +147,12 @@ def test_keep_reproduces_every_tensor(tmp_path: Path, kind: str, dtype: torch.dt
     assert config["rope_scaling"] is None and config["rope_theta"] == 10000.0
     ids = synthetic_token_ids()
     assert header["tokenizer"] == {
-        "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
-        "bos_token_id": ids["<|endoftext|>"], "eos_token_ids": [ids["<|im_end|>"],
-                                                                ids["<|endoftext|>"]],
-        "pad_token_id": ids["<|endoftext|>"], "add_bos_token": False,
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>",
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_ids": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+        "pad_token_id": ids["<|endoftext|>"],
+        "add_bos_token": False,
     }
     assert header["generation"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
     hf = tmp_path / "hf"
@@ -126,10 +164,12 @@ def test_keep_reproduces_every_tensor(tmp_path: Path, kind: str, dtype: torch.dt
 
 def test_q8_0_and_bf16_targets(tmp_path: Path) -> None:
     source = make_model("qwen3", tmp_path / "hf", dtype=torch.float32)
-    q8 = _core.Artifact.open(str(convert_source(tmp_path / "hf", tmp_path / "q.ninfer",
-                                                dtype="q8_0", progress=False)))
-    bf = _core.Artifact.open(str(convert_source(tmp_path / "hf", tmp_path / "b.ninfer",
-                                                dtype="bf16", progress=False)))
+    q8 = _core.Artifact.open(
+        str(convert_source(tmp_path / "hf", tmp_path / "q.ninfer", dtype="q8_0", progress=False))
+    )
+    bf = _core.Artifact.open(
+        str(convert_source(tmp_path / "hf", tmp_path / "b.ninfer", dtype="bf16", progress=False))
+    )
     for name, want in source.items():
         want = want.numpy()
         if want.ndim == 1:
@@ -153,14 +193,21 @@ def test_q8_0_quantizer_matches_gguf() -> None:
     reference = gguf_quants.quantize(x, GGMLQuantizationType.Q8_0)
     ours = quantize_q8_0(x)
     assert np.mean(ours != reference) < 1e-3
-    np.testing.assert_allclose(dequantize_q8_0(ours, x.shape),
-                               gguf_quants.dequantize(reference, GGMLQuantizationType.Q8_0),
-                               atol=float(np.abs(x).max()) / 127)
+    np.testing.assert_allclose(
+        dequantize_q8_0(ours, x.shape),
+        gguf_quants.dequantize(reference, GGMLQuantizationType.Q8_0),
+        atol=float(np.abs(x).max()) / 127,
+    )
 
 
 def test_rope_scaling_is_normalized(tmp_path: Path) -> None:
-    make_model("llama", tmp_path / "hf", dtype=torch.float32,
-               rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_theta=5e5)
+    make_model(
+        "llama",
+        tmp_path / "hf",
+        dtype=torch.float32,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        rope_theta=5e5,
+    )
     out = convert_source(tmp_path / "hf", tmp_path / "m.ninfer", progress=False)
     config = json.loads(_core.Artifact.open(str(out)).header_json)["config"]
     assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
@@ -171,8 +218,9 @@ def test_bad_sources_are_refused(tmp_path: Path) -> None:
     source = tmp_path / "hf"
     make_model("llama", source, dtype=torch.float32)
     config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps(dict(config, architectures=["GPT2LMHeadModel"],
-                                                        model_type="gpt2")))
+    (source / "config.json").write_text(
+        json.dumps(dict(config, architectures=["GPT2LMHeadModel"], model_type="gpt2"))
+    )
     with pytest.raises(UnsupportedModelError, match="unsupported architecture"):
         convert_source(source, tmp_path / "m.ninfer", progress=False)
     (source / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=3)))

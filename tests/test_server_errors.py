@@ -70,6 +70,10 @@ def test_malformed_json(server):
         ({"stream_options": {"include_usage": True}}, "invalid_value", "stream_options"),
         ({"model": "gpt-4o"}, "model_not_found", "model"),
         ({"n": 2}, "unsupported_parameter", "n"),
+        ({"verbosity": "high"}, "unsupported_parameter", "verbosity"),
+        ({"web_search_options": {}}, "unsupported_parameter", "web_search_options"),
+        ({"function_call": {"name": "f"}}, "unsupported_parameter", "function_call"),
+        ({"logit_bias": {"5": 1.5}}, "unsupported_parameter", "logit_bias"),
         ({"logprobs": True}, "unsupported_parameter", "logprobs"),
         (
             {"tools": [{"type": "function", "function": {"name": "f"}}]},

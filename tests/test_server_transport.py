@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -216,3 +217,42 @@ def test_cors_headers_only_when_enabled(server):
         )
     finally:
         running.stop()
+
+
+def test_stopping_ends_running_and_queued_requests_with_503():
+    engine = FakeEngine(EngineConfig(max_concurrency=1, max_pending_requests=2))
+    running = start_server(engine)
+    results: dict[str, object] = {}
+
+    def stream() -> None:
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "messages": [{"role": "user", "content": "long: x"}],
+        }
+        with httpx.stream("POST", running.base_url + "/v1/chat/completions", json=body) as r:
+            results["stream"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+
+    def queued() -> None:
+        results["queued"] = httpx.post(
+            running.base_url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER},
+            timeout=10,
+        )
+
+    threads = [threading.Thread(target=stream)]
+    threads[0].start()
+    assert wait_until(lambda: engine.active == 1)
+    threads.append(threading.Thread(target=queued))
+    threads[1].start()
+    assert wait_until(lambda: engine.outstanding == 2)
+    started = time.monotonic()
+    running.stop()
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - started < 5  # streams do not hold the stop up
+    last = json.loads(results["stream"][-1][6:])
+    assert last["error"]["code"] == "service_unavailable"
+    assert "data: [DONE]" not in results["stream"]
+    assert results["queued"].status_code == 503
+    assert results["queued"].json()["error"]["code"] == "service_unavailable"

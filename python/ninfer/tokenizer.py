@@ -23,8 +23,11 @@ def bytes_to_unicode() -> dict[int, str]:
     Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to U+0100
     onward in byte order, so no token string contains whitespace or control characters.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     mapping = {b: chr(b) for b in printable}
     shifted = 0
     for b in range(256):
@@ -43,7 +46,8 @@ def _has_component(node: Any, type_name: str) -> bool:
     """Whether a tokenizer.json component tree contains a component of `type_name`."""
     if isinstance(node, dict):
         return node.get("type") == type_name or any(
-            _has_component(v, type_name) for v in node.values())
+            _has_component(v, type_name) for v in node.values()
+        )
     if isinstance(node, list):
         return any(_has_component(v, type_name) for v in node)
     return False
@@ -146,10 +150,12 @@ class Tokenizer:
     def _build_token_bytes(self) -> list[bytes]:
         added = {t["id"]: t["content"] for t in self._spec.get("added_tokens") or []}
         model = self._spec.get("model") or {}
-        byte_level = _has_component(self._spec.get("pre_tokenizer"), "ByteLevel") or \
-            _has_component(self._spec.get("decoder"), "ByteLevel")
-        byte_fallback = bool(model.get("byte_fallback")) or \
-            _has_component(self._spec.get("decoder"), "ByteFallback")
+        byte_level = _has_component(self._spec.get("pre_tokenizer"), "ByteLevel") or _has_component(
+            self._spec.get("decoder"), "ByteLevel"
+        )
+        byte_fallback = bool(model.get("byte_fallback")) or _has_component(
+            self._spec.get("decoder"), "ByteFallback"
+        )
         alphabet = unicode_to_bytes()
         table: list[bytes] = []
         for token_id in range(self.vocab_size):

@@ -1,12 +1,12 @@
 """Byte layout of a .ninfer file (version 1), shared by the Python writer and reader.
 
-    offset 0   8 bytes  magic b"NINFER\\x1a\\n"
-    offset 8   u32 LE   format version
-    offset 12  u32 LE   reserved (0)
-    offset 16  u64 LE   header length in bytes (UTF-8 JSON)
-    offset 24  u32 LE   CRC-32 (zlib) of the header bytes
-    offset 28  u32 LE   reserved (0)
-    offset 32  header JSON, zero padding to a 256-byte boundary, then the data section.
+offset 0   8 bytes  magic b"NINFER\\x1a\\n"
+offset 8   u32 LE   format version
+offset 12  u32 LE   reserved (0)
+offset 16  u64 LE   header length in bytes (UTF-8 JSON)
+offset 24  u32 LE   CRC-32 (zlib) of the header bytes
+offset 28  u32 LE   reserved (0)
+offset 32  header JSON, zero padding to a 256-byte boundary, then the data section.
 """
 
 from __future__ import annotations

@@ -61,8 +61,11 @@ class ArtifactHeader:
         if entry["nbytes"] == 0:
             return np.zeros(0, dtype=np.uint8)
         return np.memmap(
-            self.path, dtype=np.uint8, mode="r",
-            offset=self.data_offset + entry["offset"], shape=(entry["nbytes"],),
+            self.path,
+            dtype=np.uint8,
+            mode="r",
+            offset=self.data_offset + entry["offset"],
+            shape=(entry["nbytes"],),
         )
 
     def tensor(self, name: str) -> np.ndarray:

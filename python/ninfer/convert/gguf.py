@@ -34,8 +34,11 @@ from ninfer.convert.model_config import (
 from ninfer.convert.progress import progress_bar
 from ninfer.convert.tensors import TARGET_DTYPES, encode, row_ranges
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -58,10 +61,17 @@ _BLOCK_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _BLOCK_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
-_FLOAT_SOURCES = {GGMLQuantizationType.F32: "f32", GGMLQuantizationType.F16: "f16",
-                  GGMLQuantizationType.BF16: "bf16"}
-_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
-                  "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p"}
+_FLOAT_SOURCES = {
+    GGMLQuantizationType.F32: "f32",
+    GGMLQuantizationType.F16: "f16",
+    GGMLQuantizationType.BF16: "bf16",
+}
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+}
 
 
 class GGUFConversionError(ValueError):
@@ -122,8 +132,10 @@ def _hf_config(meta: _Metadata, arch: str, vocab_size: int, tied: bool) -> dict[
     scaling_type = key("rope.scaling.type")
     rope_scaling = None
     if scaling_type not in (None, "none"):
-        rope_scaling = {"rope_type": scaling_type,
-                        "factor": _float32(key("rope.scaling.factor", 1))}
+        rope_scaling = {
+            "rope_type": scaling_type,
+            "factor": _float32(key("rope.scaling.factor", 1)),
+        }
         original = key("rope.scaling.original_context_length")
         if original is not None:
             rope_scaling["original_max_position_embeddings"] = int(original)
@@ -236,8 +248,9 @@ def _source_rows(tensor: Any) -> tuple[np.ndarray, str]:
     return data, qtype.name
 
 
-def _encode_rows(rows: np.ndarray, source: str, qtype: GGMLQuantizationType,
-                 target: str) -> np.ndarray:
+def _encode_rows(
+    rows: np.ndarray, source: str, qtype: GGMLQuantizationType, target: str
+) -> np.ndarray:
     if source == target.upper() == "Q8_0":
         return np.ascontiguousarray(rows)  # same block layout: copy the blocks untouched
     if source in ("f32", "f16", "bf16"):
@@ -274,7 +287,8 @@ def convert_gguf(
     extra = [n for n in sources if n not in shapes]
     if missing or extra:
         raise UnsupportedModelError(
-            f"{path}: tensors missing {missing[:5]}, unexpected {extra[:5]}")
+            f"{path}: tensors missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     for tensor_name, shape in shapes.items():
         gguf_shape = tuple(int(d) for d in reversed(sources[tensor_name].shape))
         if gguf_shape != shape:
@@ -284,10 +298,12 @@ def convert_gguf(
             )
 
     tokenizer_json, tokenizer = _tokenizer(meta, tokens, types)
-    hf_config.update(bos_token_id=tokenizer["bos_token_id"],
-                     eos_token_id=tokenizer["eos_token_ids"] or None)
-    generation = {ours: meta.get(key) for key, ours in _SAMPLING_KEYS.items()
-                  if meta.get(key) is not None}
+    hf_config.update(
+        bos_token_id=tokenizer["bos_token_id"], eos_token_id=tokenizer["eos_token_ids"] or None
+    )
+    generation = {
+        ours: meta.get(key) for key, ours in _SAMPLING_KEYS.items() if meta.get(key) is not None
+    }
 
     writer = ArtifactWriter(
         output,
@@ -318,8 +334,12 @@ def convert_gguf(
                 if arch == "llama" and projection in heads and len(shape) == 2:
                     rows = rows[unpermute_rows(shape[0], heads[projection])]
                 for start, stop in row_ranges(shape):
-                    writer.write_part(tensor_name, _encode_rows(
-                        rows[start:stop], source, tensor.tensor_type, targets[tensor_name]))
+                    writer.write_part(
+                        tensor_name,
+                        _encode_rows(
+                            rows[start:stop], source, tensor.tensor_type, targets[tensor_name]
+                        ),
+                    )
                 bar.update(int(tensor.n_bytes))
         return writer.close()
     except BaseException:

@@ -17,10 +17,14 @@ from typing import Any
 # as character classes, as llama.cpp does, so that Unicode case folding cannot widen them.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
@@ -32,22 +36,42 @@ PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
 # GGUF spellings that llama.cpp maps onto the same regex lists.
 PRE_TOKENIZER_ALIASES = {
     "default": "default",
-    "gpt2": "gpt2", "gpt-2": "gpt2", "phi-2": "gpt2", "mpt": "gpt2", "olmo": "gpt2",
+    "gpt2": "gpt2",
+    "gpt-2": "gpt2",
+    "phi-2": "gpt2",
+    "mpt": "gpt2",
+    "olmo": "gpt2",
     "jais": "gpt2",
-    "smollm": "smollm", "starcoder": "smollm", "refact": "smollm", "command-r": "smollm",
-    "codeshell": "smollm", "exaone": "smollm",
-    "llama3": "llama3", "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3",
-    "qwen2": "qwen2", "stablelm2": "qwen2", "deepseek-r1-qwen": "qwen2",
+    "smollm": "smollm",
+    "starcoder": "smollm",
+    "refact": "smollm",
+    "command-r": "smollm",
+    "codeshell": "smollm",
+    "exaone": "smollm",
+    "llama3": "llama3",
+    "llama-v3": "llama3",
+    "llama-bpe": "llama3",
+    "falcon3": "llama3",
+    "qwen2": "qwen2",
+    "stablelm2": "qwen2",
+    "deepseek-r1-qwen": "qwen2",
 }
 
 # llama_token_type values in tokenizer.ggml.token_type
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(
-    1, 7)
+    1, 7
+)
 
 # Token spellings llama.cpp also treats as end of generation when they are in the vocabulary.
 END_OF_GENERATION_SPELLINGS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>", "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<|end_of_text|>",
 )
 
 
@@ -70,8 +94,12 @@ def pre_tokenizer_json(pre: str) -> dict[str, Any]:
         {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
         for regex in PRE_TOKENIZER_REGEXES[pre]
     ]
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": False}
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": False,
+    }
     return {"type": "Sequence", "pretokenizers": [*splits, byte_level]}
 
 
@@ -103,24 +131,38 @@ def build_tokenizer_json(
             raise GGUFTokenizerError(f"malformed merge {merge!r} in tokenizer.ggml.merges")
         pairs.append([left, right])
     added = [
-        {"id": token_id, "content": tokens[token_id], "single_word": False, "lstrip": False,
-         "rstrip": False, "normalized": False,
-         "special": token_types[token_id] in (TOKEN_CONTROL, TOKEN_UNKNOWN)}
+        {
+            "id": token_id,
+            "content": tokens[token_id],
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": token_types[token_id] in (TOKEN_CONTROL, TOKEN_UNKNOWN),
+        }
         for token_id in range(len(tokens))
         if token_types[token_id] in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
     ]
-    post_processor: dict[str, Any] = {"type": "ByteLevel", "add_prefix_space": False,
-                                      "trim_offsets": False, "use_regex": False}
+    post_processor: dict[str, Any] = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": False,
+        "use_regex": False,
+    }
     if add_bos_token and bos_token_id is not None:
         bos = tokens[bos_token_id]
         post_processor = {
             "type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
-                       {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
-                     {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": bos, "type_id": 1}},
-                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "single": [
+                {"SpecialToken": {"id": bos, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+            ],
+            "pair": [
+                {"SpecialToken": {"id": bos, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": bos, "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+            ],
             "special_tokens": {bos: {"id": bos, "ids": [bos_token_id], "tokens": [bos]}},
         }
     document = {
@@ -131,12 +173,23 @@ def build_tokenizer_json(
         "normalizer": None,
         "pre_tokenizer": pre_tokenizer_json(pre_name),
         "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                    "use_regex": False},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": False,
+        },
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-            "ignore_merges": pre_name == "llama3", "vocab": vocab, "merges": pairs,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": pre_name == "llama3",
+            "vocab": vocab,
+            "merges": pairs,
         },
     }
     return json.dumps(document, ensure_ascii=False).encode("utf-8")

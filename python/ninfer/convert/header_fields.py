@@ -9,16 +9,28 @@ import ninfer
 
 # Sampling defaults worth carrying from generation_config.json (ids go to the tokenizer section).
 GENERATION_KEYS = (
-    "do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_new_tokens",
 )
 
 
 def metadata(name: str, source: str, *, created: str | None = "now") -> dict[str, Any]:
     if created == "now":
         created = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"name": name, "source": source, "converter": f"ninfer-convert {ninfer.__version__}",
-            "created": created}
+    return {
+        "name": name,
+        "source": source,
+        "converter": f"ninfer-convert {ninfer.__version__}",
+        "created": created,
+    }
 
 
 def generation_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
@@ -56,8 +68,9 @@ def _post_processor_adds(tokenizer_json: dict[str, Any], token: str | None) -> b
     if token is None:
         return False
     processor = tokenizer_json.get("post_processor") or {}
-    candidates = processor.get("processors", []) if processor.get("type") == "Sequence" else [
-        processor]
+    candidates = (
+        processor.get("processors", []) if processor.get("type") == "Sequence" else [processor]
+    )
     for candidate in candidates:
         if candidate.get("type") == "TemplateProcessing":
             single = candidate.get("single") or []
@@ -84,9 +97,11 @@ def tokenizer_section(
     if bos_id is None and bos is not None:
         bos_id = ids.get(bos)
     eos_ids: list[int] = []
-    for candidate in (*_id_list(hf_config.get("eos_token_id")),
-                      *_id_list(generation_config.get("eos_token_id")),
-                      *([ids[eos]] if eos in ids else [])):
+    for candidate in (
+        *_id_list(hf_config.get("eos_token_id")),
+        *_id_list(generation_config.get("eos_token_id")),
+        *([ids[eos]] if eos in ids else []),
+    ):
         if candidate not in eos_ids:
             eos_ids.append(candidate)
     pad_id = generation_config.get("pad_token_id", hf_config.get("pad_token_id"))

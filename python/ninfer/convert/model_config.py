@@ -52,8 +52,13 @@ def _rope(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 
 def normalize_config(architecture: str, hf_config: dict[str, Any]) -> dict[str, Any]:
     """HF-style config with every key the engine reads present and explicit."""
-    required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "vocab_size")
+    required = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+    )
     missing = [key for key in required if hf_config.get(key) is None]
     if missing:
         raise UnsupportedModelError(f"config lacks {', '.join(missing)}")

@@ -34,8 +34,9 @@ class StoredTensor:
         numpy_dtype = np.dtype(_NUMPY_DTYPES[self.dtype])
         if self.nbytes == 0:
             return np.zeros(self.shape, dtype=numpy_dtype)
-        return np.memmap(self.file, dtype=numpy_dtype, mode="r", offset=self.begin,
-                         shape=self.shape)
+        return np.memmap(
+            self.file, dtype=numpy_dtype, mode="r", offset=self.begin, shape=self.shape
+        )
 
 
 def _read_file_table(path: Path) -> dict[str, StoredTensor]:

@@ -15,11 +15,63 @@ from ninfer.tokenizer import bytes_to_unicode
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MARKER_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 _FRAGMENTS = (
-    " the", " and", " to", " of", " a", " in", " is", " you", " that", " it", " for", " on",
-    " with", " as", " are", " this", " be", " have", " not", " can", " will", " what", " hello",
-    " world", " model", " token", " user", " assistant", " system", "ing", "ed", "er", "es",
-    "ion", "ly", "Hello", "The", "I", "\n\n", "  ", "    ", " {", " }", "()", " =", " def",
-    " return", " print", " function", " import", " 0", " 1", "00", " \"", "\":", " .", ".\n",
+    " the",
+    " and",
+    " to",
+    " of",
+    " a",
+    " in",
+    " is",
+    " you",
+    " that",
+    " it",
+    " for",
+    " on",
+    " with",
+    " as",
+    " are",
+    " this",
+    " be",
+    " have",
+    " not",
+    " can",
+    " will",
+    " what",
+    " hello",
+    " world",
+    " model",
+    " token",
+    " user",
+    " assistant",
+    " system",
+    "ing",
+    "ed",
+    "er",
+    "es",
+    "ion",
+    "ly",
+    "Hello",
+    "The",
+    "I",
+    "\n\n",
+    "  ",
+    "    ",
+    " {",
+    " }",
+    "()",
+    " =",
+    " def",
+    " return",
+    " print",
+    " function",
+    " import",
+    " 0",
+    " 1",
+    "00",
+    ' "',
+    '":',
+    " .",
+    ".\n",
 )
 
 CHATML_TEMPLATE = (
@@ -49,13 +101,23 @@ def synthetic_tokenizer_json() -> bytes:
     vocab, merges = _merges()
     added: list[dict[str, Any]] = []
     for content in (*SPECIAL_TOKENS, *MARKER_TOKENS):
-        added.append({
-            "id": len(vocab) + len(added), "content": content, "single_word": False,
-            "lstrip": False, "rstrip": False, "normalized": False,
-            "special": content in SPECIAL_TOKENS,
-        })
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": True}
+        added.append(
+            {
+                "id": len(vocab) + len(added),
+                "content": content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": content in SPECIAL_TOKENS,
+            }
+        )
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
     document = {
         "version": "1.0",
         "truncation": None,
@@ -66,9 +128,16 @@ def synthetic_tokenizer_json() -> bytes:
         "post_processor": byte_level,
         "decoder": byte_level,
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-            "ignore_merges": False, "vocab": vocab, "merges": merges,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
         },
     }
     return json.dumps(document, ensure_ascii=False, indent=1).encode("utf-8")

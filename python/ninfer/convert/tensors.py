@@ -71,8 +71,9 @@ def row_chunks(array: np.ndarray) -> Iterator[np.ndarray]:
         yield array[start:stop]
 
 
-def write_encoded(writer: ArtifactWriter, name: str, array: np.ndarray, source: str,
-                  target: str) -> None:
+def write_encoded(
+    writer: ArtifactWriter, name: str, array: np.ndarray, source: str, target: str
+) -> None:
     """Encode and write one declared tensor in row chunks (the source may be a memory map)."""
     for chunk in row_chunks(array):
         writer.write_part(name, encode(chunk, source, target))

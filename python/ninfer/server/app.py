@@ -15,6 +15,7 @@ from ninfer.server.chat_completions import chat_completions
 from ninfer.server.config import AppConfig
 from ninfer.server.errors import ApiError, from_engine_error
 from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
+from ninfer.server.inflight import InflightRequests
 
 log = logging.getLogger("ninfer.server")
 
@@ -63,7 +64,7 @@ async def _get_model(app: NInferApp, request: HttpRequest, params: dict[str, str
 
 
 async def _chat(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
-    await chat_completions(request, app.served, app.config)
+    await chat_completions(request, app.served, app.config, app.inflight)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -87,6 +88,13 @@ class NInferApp:
         self.config = config
         self.created = int(time.time())
         self._on_ready = on_ready
+        self.inflight = InflightRequests()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new generation requests and end the running and queued ones (503)."""
+        if not self.inflight.closing:
+            log.info("stopping: ending %d request(s) in flight", len(self.inflight))
+        self.inflight.shutdown()
 
     def model_card(self) -> dict[str, Any]:
         info = dict(self.served.engine.model_info)
@@ -207,7 +215,17 @@ class NInferApp:
         if error is None:
             log.exception("%s %s %s failed", request.request_id, request.method, request.path)
             error = ApiError(500, "internal server error", code="internal_error")
-        elif error.status >= 500:
+        elif error.status < 500:
+            log.info(
+                "%s %s %s: %d %s (%s)",
+                request.request_id,
+                request.method,
+                request.path,
+                error.status,
+                error.code,
+                error.param or "-",
+            )
+        else:
             log.warning(
                 "%s %s %s: %s", request.request_id, request.method, request.path, error.message
             )

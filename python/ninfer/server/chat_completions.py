@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -19,12 +20,16 @@ from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import ApiError, from_decode_error, from_engine_error
 from ninfer.server.http import HttpRequest
+from ninfer.server.inflight import InflightRequests, shutting_down
 from ninfer.server.sse import SseStream, with_heartbeat
 
 log = logging.getLogger("ninfer.server")
 
 
-async def chat_completions(request: HttpRequest, served: ServedModel, config: AppConfig) -> None:
+async def chat_completions(
+    request: HttpRequest, served: ServedModel, config: AppConfig, inflight: InflightRequests
+) -> None:
+    inflight.check_open()
     body = await request.read_body(config.max_request_bytes)
     try:
         parsed = decode_request(body)
@@ -34,8 +39,12 @@ async def chat_completions(request: HttpRequest, served: ServedModel, config: Ap
     started = time.perf_counter()
     watcher = DisconnectWatcher(request.receive)
     try:
-        handle = served.engine.submit(lowered.generation)
+        try:
+            handle = served.engine.submit(lowered.generation)
+        except ValueError as exc:  # the engine's verdict on this request's parameters
+            raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
         watcher.on_disconnect(handle.cancel)
+        inflight.add(handle)
         try:
             await watcher.race(handle.admitted())
             renderer = ChatRenderer(served.public_id)
@@ -44,6 +53,7 @@ async def chat_completions(request: HttpRequest, served: ServedModel, config: Ap
             else:
                 final = await _aggregate(request, handle, renderer, lowered, watcher)
         finally:
+            inflight.discard(handle)
             handle.cancel()  # idempotent; frees the lane on every early exit
     finally:
         watcher.stop()
@@ -93,16 +103,18 @@ async def _stream(
     try:
         await sse.event(renderer.role_chunk())
         decoder = IncrementalTextDecoder()
-        async for event in with_heartbeat(handle, config.keep_alive_s, sse.keep_alive):
-            if watcher.disconnected.is_set():
-                return event
-            text = decoder.feed(event.text) + (decoder.flush() if event.finished else "")
-            if text:
-                await sse.event(renderer.content_chunk(text))
-            if event.finished:
-                _raise_if_failed(event)
-                await _send_stream_end(sse, renderer, lowered, event, config.usage_chunk_choice)
-                return event
+        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if watcher.disconnected.is_set():
+                    return event
+                text = decoder.feed(event.text) + (decoder.flush() if event.finished else "")
+                if text:
+                    await sse.event(renderer.content_chunk(text))
+                if event.finished:
+                    _raise_if_failed(event)
+                    await _send_stream_end(sse, renderer, lowered, event, config.usage_chunk_choice)
+                    return event
         raise ApiError(
             500, "the engine ended the request without a final event", code="engine_error"
         )
@@ -145,7 +157,7 @@ def _raise_if_failed(event: EngineEvent) -> None:
             500, f"generation failed: {event.error or 'engine error'}", code="engine_error"
         )
     if event.finish_reason == "cancelled":
-        raise ApiError(503, "the request was cancelled by the server", code="service_unavailable")
+        raise shutting_down()  # cancelled by the server itself: only a stop does that
 
 
 def _log_done(

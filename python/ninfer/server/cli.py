@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
     try:
+        check_address(args.host, args.port)  # fail before minutes of loading, not after
         template = _read_template(args.chat_template)
         artifact = resolve_model(args.model)
     except (ModelSourceError, OSError) as exc:
@@ -40,6 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("startup interrupted")
         return 130
     return 0
+
+
+def check_address(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
 
 
 def _read_template(path: str | None) -> str | None:
@@ -84,7 +96,10 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
 
     config = engine_config(args)
     log.info("loading %s (device %s)", artifact, config.device)
-    engine = AsyncEngine.open(str(artifact), config)
+    try:
+        engine = AsyncEngine.open(str(artifact), config)
+    except Exception as exc:  # a bad file or an unavailable device: say which, then exit
+        raise ModelSetupError(f"cannot load {artifact}: {exc}") from exc
     try:
         served = load_served_model(
             engine,
@@ -108,7 +123,13 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
             ),
             on_ready=lambda: _log_ready(served, config, args),
         )
-        await serve(app, args.host, args.port, debug=args.log_level in ("trace", "debug"))
+        await serve(
+            app,
+            args.host,
+            args.port,
+            on_stop=app.begin_shutdown,
+            debug=args.log_level in ("trace", "debug"),
+        )
     finally:
         await engine.close()
 

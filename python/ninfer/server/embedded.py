@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from granian.constants import HTTPModes, Interfaces
@@ -30,12 +31,19 @@ def make_server(app: Any, host: str, port: int, *, debug: bool = False) -> Serve
     )
 
 
-async def serve(app: Any, host: str, port: int, *, debug: bool = False) -> None:
-    """Serve until SIGINT/SIGTERM."""
+async def serve(
+    app: Any, host: str, port: int, *, on_stop: Callable[[], None], debug: bool = False
+) -> None:
+    """Serve until SIGINT/SIGTERM; `on_stop` runs first, so open streams end promptly."""
     server = make_server(app, host, port, debug=debug)
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        on_stop()
+        server.stop()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, server.stop)
+        loop.add_signal_handler(sig, stop)
     try:
         await server.serve()
     finally:

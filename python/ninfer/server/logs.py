@@ -16,6 +16,23 @@ _LEVELS = {
 }
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of each record (it may be replaced)."""
+
+    ninfer = True
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # noqa: ANN001
+        pass
+
+
 def configure_logging(level_name: str) -> None:
     logging.addLevelName(TRACE, "TRACE")
     root = logging.getLogger()
@@ -25,8 +42,7 @@ def configure_logging(level_name: str) -> None:
     if level_name == "off":
         root.setLevel(logging.CRITICAL + 1)
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.ninfer = True  # type: ignore[attr-defined]
+    handler = _StderrHandler()
     handler.setFormatter(
         logging.Formatter(
             "%(asctime)s.%(msecs)03d %(levelname)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"

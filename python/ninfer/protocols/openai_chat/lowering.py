@@ -7,6 +7,7 @@ from typing import Any
 
 from ninfer.engine_types import GenerationRequest
 from ninfer.prompt import TemplateError
+from ninfer.prompt.literal_text import encode_rendered_prompt
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest, ContentPart, Message
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.errors import ApiError, context_length_exceeded, invalid, unsupported
@@ -37,7 +38,9 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
     _reject_unsupported(request)
     messages, is_prefill = _template_messages(request.messages)
     prompt_text = _render_prompt(messages, is_prefill, _template_kwargs(request, served), served)
-    prompt_ids = served.engine.tokenizer.encode(prompt_text, allow_special=True)
+    prompt_ids = encode_rendered_prompt(
+        served.engine.tokenizer, prompt_text, [m["content"] for m in messages]
+    )
     generation = GenerationRequest(
         prompt_ids=prompt_ids,
         max_tokens=_max_tokens(request, len(prompt_ids), served),
@@ -95,6 +98,12 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
         raise unsupported("tools", "tool calling is not available in this build")
     if request.functions:
         raise unsupported("functions", "legacy function calling is not available in this build")
+    if request.function_call not in (None, "none", "auto"):
+        raise unsupported("function_call", "legacy function calling is not available in this build")
+    if request.verbosity not in (None, "medium"):
+        raise unsupported("verbosity", "only the default (medium) verbosity is available")
+    if request.web_search_options is not None:
+        raise unsupported("web_search_options", "web search is not available")
     if request.tool_choice not in (None, "none", "auto"):
         raise unsupported("tool_choice", "tool calling is not available in this build")
     if request.store:
