@@ -1,0 +1,152 @@
+"""Streaming split of committed output text into reasoning and the rest of the turn.
+
+Generated reasoning closes only at a `</think>` followed by a line break or by the end of the
+turn. A marker the model quotes while reasoning (followed by a space, punctuation, anything
+else) stays reasoning text. Where the turn starts is an input: the prompt ended inside
+`<think>\\n` (OPEN), thinking is off (CLOSED), or the model may open it itself with a leading
+`<think>` (MODEL, Qwen3-style templates whose generation prompt stops at the assistant header).
+
+The published channels are normalized the way the Qwen templates re-render them
+(`reasoning_content.strip('\\n')`, the answer after `</think>` without its leading line breaks),
+so a client that replays them reproduces the prompt: line breaks at both ends of the
+reasoning and directly after the closing marker are framing, not channel text.
+
+Held back while streaming: a suffix that may still become `</think>`, a complete `</think>`
+until the next character decides it, and a trailing run of line breaks in reasoning (it is
+dropped if the marker follows). Everything else is published as soon as it is fed.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ninfer.outputs.qwen_tool_calls import ambiguous_suffix_length, is_proper_prefix
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+_LINE_BREAKS = "\r\n"
+
+
+class ThinkingStart(enum.Enum):
+    OPEN = "open"  # the prompt ended with the reasoning opener: output starts as reasoning
+    CLOSED = "closed"  # no reasoning channel this turn (thinking off, or a model without it)
+    MODEL = "model"  # output that starts with `<think>` (after whitespace) opens reasoning
+
+
+class _Stage(enum.Enum):
+    DETECT = "detect"
+    REASONING = "reasoning"
+    ANSWER = "answer"
+
+
+class ReasoningSplitter:
+    """Feed text, get (reasoning, answer) deltas. The answer part is everything after the
+    reasoning: content and tool-call markup alike, for the next stage to split."""
+
+    def __init__(self, start: ThinkingStart) -> None:
+        self._stage = {
+            ThinkingStart.OPEN: _Stage.REASONING,
+            ThinkingStart.CLOSED: _Stage.ANSWER,
+            ThinkingStart.MODEL: _Stage.DETECT,
+        }[start]
+        self.opened = start is ThinkingStart.OPEN  # the reasoning channel existed this turn
+        self._held = ""  # unpublished text in DETECT/REASONING
+        self._held_at = 0  # offset of `_held` in everything fed so far
+        self._fed = 0
+        self._strip_reasoning_start = True
+        self._strip_answer_start = False
+        # Offset just past the `</think>` that closed reasoning, in the text fed; None if open.
+        self.close_end: int | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.close_end is not None
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether text fed now may still be reasoning (not yet decided otherwise)."""
+        return self._stage is not _Stage.ANSWER
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self._fed += len(text)
+        if self._stage is _Stage.ANSWER:
+            return "", self._answer(text)
+        self._held += text
+        return self._advance(final=False)
+
+    def finish(self) -> tuple[str, str]:
+        """The end of the turn: a pending `</think>` closes, everything held is published."""
+        if self._stage is _Stage.ANSWER:
+            return "", ""
+        return self._advance(final=True)
+
+    # --- stages -------------------------------------------------------------------------
+
+    def _answer(self, text: str) -> str:
+        if self._strip_answer_start:
+            text = text.lstrip(_LINE_BREAKS)
+            self._strip_answer_start = not text
+        return text
+
+    def _reasoning(self, text: str) -> str:
+        if self._strip_reasoning_start:
+            text = text.lstrip(_LINE_BREAKS)
+            self._strip_reasoning_start = not text
+        return text
+
+    def _advance(self, final: bool) -> tuple[str, str]:
+        if self._stage is _Stage.DETECT and not self._detect(final):
+            return "", ""
+        if self._stage is _Stage.ANSWER:  # DETECT found no opener
+            held, self._held = self._held, ""
+            return "", self._answer(held)
+        return self._split_reasoning(final)
+
+    def _detect(self, final: bool) -> bool:
+        """Decides whether the model opened reasoning; False while still undecided."""
+        body = self._held.lstrip()
+        if body.startswith(THINK_OPEN):
+            consumed = len(self._held) - len(body) + len(THINK_OPEN)
+            self._held = self._held[consumed:]
+            self._held_at += consumed
+            self._stage = _Stage.REASONING
+            self.opened = True
+            return True
+        if not final and (not body or is_proper_prefix(body, THINK_OPEN)):
+            return False
+        self._stage = _Stage.ANSWER
+        return True
+
+    def _split_reasoning(self, final: bool) -> tuple[str, str]:
+        reasoning: list[str] = []
+        held = self._held
+        scan = 0
+        while True:
+            marker = held.find(THINK_CLOSE, scan)
+            if marker < 0:
+                keep = 0 if final else ambiguous_suffix_length(held, THINK_CLOSE)
+                cut = len(held) - keep
+                publish = held[:cut].rstrip(_LINE_BREAKS) if not final else held
+                if final:
+                    publish = publish.rstrip(_LINE_BREAKS)
+                reasoning.append(publish)
+                self._keep(held, len(publish))
+                return self._reasoning("".join(reasoning)), ""
+            after = marker + len(THINK_CLOSE)
+            if after == len(held) and not final:
+                publish = held[:marker].rstrip(_LINE_BREAKS)
+                reasoning.append(publish)
+                self._keep(held, len(publish))
+                return self._reasoning("".join(reasoning)), ""
+            if after == len(held) or held[after] in _LINE_BREAKS:
+                reasoning.append(held[:marker].rstrip(_LINE_BREAKS))
+                self.close_end = self._held_at + after
+                self._stage = _Stage.ANSWER
+                self._strip_answer_start = True
+                self._held = ""
+                return self._reasoning("".join(reasoning)), self._answer(held[after:])
+            scan = after  # a quoted marker: reasoning text
+
+    def _keep(self, held: str, published: int) -> None:
+        self._held = held[published:]
+        self._held_at += published
