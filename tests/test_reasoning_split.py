@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from channel_harness import decode_all_ways, run
 
+from channel_harness import decode_all_ways, run
 from ninfer.outputs.channels import (
     QWEN3_5_THINK_END_ID,
     DecoderConfig,

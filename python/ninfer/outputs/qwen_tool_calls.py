@@ -340,10 +340,10 @@ class _RegionParser:
             raise _NeedMore
         if text.startswith(FUNCTION_CLOSE, follow) or _PARAMETER_OPENER.match(text, follow):
             return True
-        if not self.final and (
-            self._partial_markup(follow, FUNCTION_CLOSE) or self._partial_parameter_opener(follow)
-        ):
-            raise _NeedMore
+        if self._partial_markup(follow, FUNCTION_CLOSE) or self._partial_parameter_opener(follow):
+            if not self.final:
+                raise _NeedMore
+            return True  # the text ends inside the next token: a cut after this value
         return False
 
     def _value_ended(self, call: ParsedCall, name: str, value_start: int, depth: int) -> None:
