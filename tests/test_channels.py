@@ -380,3 +380,17 @@ def test_feed_after_finish_is_an_error():
         decoder.feed("x")
     with pytest.raises(RuntimeError):
         decoder.finish(TurnEnd.STOP_TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "stop_reason", "end"),
+    [
+        ("stop", 248046, TurnEnd.STOP_TOKEN),
+        ("stop", "###", TurnEnd.STOP_STRING),
+        ("length", None, TurnEnd.LENGTH),
+        ("cancelled", None, TurnEnd.CANCELLED),
+        ("error", None, TurnEnd.ERROR),
+    ],
+)
+def test_turn_end_from_engine_event(finish_reason, stop_reason, end):
+    assert TurnEnd.from_engine(finish_reason, stop_reason) is end

@@ -142,6 +142,14 @@ def test_strict_failures(text, reason):
     assert result is None and failure == reason
 
 
+def test_declared_names_are_valid_whatever_they_contain():
+    declared = frozenset({"mcp/files.read", "a=b"})
+    (_, calls, _), _ = turn(call("mcp/files.read") + "\n" + call("a=b"), declared=declared)
+    assert calls == [("mcp/files.read", []), ("a=b", [])]
+    result, failure = turn(call("mcp/other"), declared=declared)
+    assert result is None and failure == "invalid_tool_name"
+
+
 def test_undeclared_names_pass_when_declared_set_is_unknown():
     (_, calls, _), _ = turn(call("anything_goes"), declared=None)
     assert calls == [("anything_goes", [])]

@@ -20,13 +20,19 @@ API
         #    arguments)], report=ToolCallParseReport | None, reasoning_tokens=int)
     decode_text(text, config, TurnEnd.STOP_TOKEN)   # whole output at once (aggregate)
 
-`feed` takes the decoded text of each committed batch (what the engine made visible: stop
-strings already withheld) and, optionally, that batch's token ids. Within one delta the
+`feed` takes the decoded text of each committed batch (EngineEvent.text through an
+incremental UTF-8 decoder: stop strings are already withheld) and, optionally, that batch's
+token ids; `TurnEnd.from_engine(event.finish_reason, event.stop_reason)` gives `finish` its
+argument. Within one delta the
 reasoning part precedes the content part, and reasoning never follows content: emit them in
 that order. `finish` returns the terminal part of the stream: the last held text, then the
 tool calls, which are only ever published complete, with stable indices 0..n-1 and unique
 `call_...` ids. Concatenating every delta and the tail gives the same channels however the
 output was segmented into feeds.
+
+Channel text is normalized the way the Qwen templates re-render a replayed turn: reasoning
+has no line breaks at either end, and the line breaks right after the closing `</think>` are
+not content (reasoning.py). Everything else is published byte for byte.
 
 What is held back while streaming: in reasoning, a suffix that may still be `</think>` (see
 reasoning.py); in content, only a suffix that may still become `<tool_call>`, and from a
@@ -41,11 +47,12 @@ one warning line names the classification and the markup's first 240 bytes; a to
 recovery logs one Info line. `DecodedTail.report` carries the request_done.tool_call_parse
 counters.
 
-reasoning_tokens counts the tokens fed while the reasoning channel was open, through the
-closing `</think>`. Token-exact when each feed's ids match its text and the closer is the
-special `</think>` token (`think_end_token_id`): inside the feed that closes reasoning, the
-tokens up to that special token count. If the marker was spelled with ordinary tokens, the
-whole closing feed counts (exact for one-token feeds).
+reasoning_tokens counts the tokens fed while the reasoning channel was open, the closing
+`</think>` token included (all of them when the turn ended inside reasoning). Token-exact
+when each feed's ids match its text and the closer is the special `</think>` token
+(`think_end_token_id`): inside the feed that closes reasoning, the tokens up to that
+special token count. If the marker was spelled with ordinary tokens, the whole closing feed
+counts (exact for one-token feeds).
 """
 
 from __future__ import annotations
@@ -96,6 +103,18 @@ class TurnEnd(enum.Enum):
     LENGTH = "length"  # output budget or context capacity
     CANCELLED = "cancelled"
     ERROR = "error"
+
+    @classmethod
+    def from_engine(cls, finish_reason: str | None, stop_reason: str | int | None) -> TurnEnd:
+        """From a finished EngineEvent: "stop" with a token id or a stop string, "length",
+        "cancelled", "error"."""
+        if finish_reason == "stop":
+            return cls.STOP_STRING if isinstance(stop_reason, str) else cls.STOP_TOKEN
+        if finish_reason == "length":
+            return cls.LENGTH
+        if finish_reason == "cancelled":
+            return cls.CANCELLED
+        return cls.ERROR
 
 
 @dataclass(frozen=True, slots=True)

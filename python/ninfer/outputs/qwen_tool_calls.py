@@ -263,12 +263,14 @@ class _RegionParser:
             repaired = True  # the closing bracket after the name is missing
         else:
             raise _Malformed("malformed_structure")
-        if not valid_tool_name(name):
-            raise _Malformed("invalid_tool_name")
-        if self.declared is not None and name not in self.declared:
-            if not self.tolerant:
-                raise _Malformed("undeclared_tool")
-            repaired = True
+        if self.declared is None or name not in self.declared:
+            # A declared name is valid whatever it contains; others must look like a name.
+            if not valid_tool_name(name):
+                raise _Malformed("invalid_tool_name")
+            if self.declared is not None:
+                if not self.tolerant:
+                    raise _Malformed("undeclared_tool")
+                repaired = True
         return ParsedCall(name, repaired=repaired), end
 
     def _call(self, pos: int, first: bool) -> tuple[ParsedCall, int]:
