@@ -199,6 +199,10 @@ def test_quoted_markup_before_the_real_call_stays_content(caplog):
     outcome = decode_all_ways(quoted + WEATHER, ANSWER)
     assert outcome.content == quoted and args(outcome) == {"city": "Paris", "days": 3}
     assert report(outcome)["structured_call_count"] == 1
+    assert report(outcome)["fallback_reason"] == "none"
+    caplog.clear()
+    decode_text(quoted + WEATHER, ANSWER, TurnEnd.STOP_TOKEN)
+    assert caplog.records == []
 
 
 def test_no_tool_calls_without_marker():

@@ -388,7 +388,7 @@ class OutputDecoder:
             self._report_turn(report, turn)
         tool_calls = self._build_calls(calls, report)
         if report is not None:
-            self._log_outcome(report, turn)
+            self._settle_fallback(report, turn)
         return DecodedTail(
             delta,
             tool_calls,
@@ -475,13 +475,13 @@ class OutputDecoder:
             report.duplicate_parameters_repaired = stats.duplicate_parameters_repaired
         return built
 
-    def _log_outcome(self, report: ToolCallParseReport, turn: ToolTurn | None) -> None:
-        if turn is not None and turn.region.truncated_tail:
-            report.fallback_reason = "truncated_tail"
+    def _settle_fallback(self, report: ToolCallParseReport, turn: ToolTurn | None) -> None:
+        # Markup before a region that parses is quoted content, not a fallback.
+        if turn is not None:
+            report.fallback_reason = "truncated_tail" if turn.region.truncated_tail else "none"
         elif self._first_failure is not None:
-            report.fallback_reason = self._first_failure[1]
-        if self._first_failure is not None:
             offset, reason = self._first_failure
+            report.fallback_reason = reason
             markup = "".join(self._answer_parts)[offset:]
             self._log.warning("tool call returned as text (%s): %s", reason, excerpt(markup))
         if report.recovered_from_reasoning:
