@@ -210,3 +210,29 @@ def test_reasoning_tokens_with_marker_spelled_in_ordinary_tokens():
 def test_reasoning_tokens_closer_at_end_of_turn():
     tokens = [("a", 1), ("</think>", THINK_END), ("", 248046)]
     check_reasoning_tokens(tokens, 2)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "start"),
+    [
+        ("<|im_start|>assistant\n<think>\n", ThinkingStart.OPEN),
+        ("<|im_start|>assistant\n<think>\n\n</think>\n\n", ThinkingStart.CLOSED),
+        ("<|im_start|>assistant\n", ThinkingStart.CLOSED),
+    ],
+)
+def test_thinking_start_after_prompt(prompt, start):
+    assert ThinkingStart.after_prompt(prompt) is start
+
+
+def test_reasoning_complete_signals_when_the_block_can_close():
+    decoder = OutputDecoder(OPEN)
+    decoder.feed("r</think>")
+    assert not decoder.reasoning_complete
+    decoder.feed("\n")
+    assert decoder.reasoning_complete
+    assert OutputDecoder(DecoderConfig()).reasoning_complete
+    model = OutputDecoder(MODEL)
+    model.feed(" <thi")
+    assert not model.reasoning_complete
+    model.feed("s is not thinking")
+    assert model.reasoning_complete and model.reasoning == ""

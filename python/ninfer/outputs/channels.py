@@ -7,7 +7,8 @@ API
 ---
     config = DecoderConfig(
         thinking=ThinkingStart.OPEN,        # prompt ended with `<think>\\n`; CLOSED: thinking
-                                            # off; MODEL: a leading `<think>` opens it
+                                            # off; MODEL: a leading `<think>` opens it;
+                                            # ThinkingStart.after_prompt(prompt) picks OPEN/CLOSED
         tools={"get_weather": {...}},       # name -> parameters JSON schema; None = no tool
                                             # parsing (tool_choice none, or no tools)
         tolerant_tool_calls=False,          # --tolerant-tool-calls
@@ -15,6 +16,7 @@ API
     )
     decoder = OutputDecoder(config)         # call_id_factory=..., logger=... for tests
     delta = decoder.feed(text, token_ids)   # -> ChannelDelta(reasoning=..., content=...)
+    decoder.reasoning_complete              # no more reasoning will come (close the block)
     tail = decoder.finish(TurnEnd.STOP_TOKEN)
         # -> DecodedTail(delta=ChannelDelta, tool_calls=[ToolCall(index, id, name,
         #    arguments)], report=ToolCallParseReport | None, reasoning_tokens=int)
@@ -343,6 +345,12 @@ class OutputDecoder:
     def content(self) -> str:
         """Content published so far."""
         return "".join(self._content_parts)
+
+    @property
+    def reasoning_complete(self) -> bool:
+        """No more reasoning can be published: it closed, or the turn has none. A stream
+        adapter can close its reasoning block as soon as this turns true."""
+        return not self._splitter.in_reasoning  # a tolerant hold is flushed at the close
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> ChannelDelta:
         if self._finished:

@@ -32,6 +32,12 @@ class ThinkingStart(enum.Enum):
     CLOSED = "closed"  # no reasoning channel this turn (thinking off, or a model without it)
     MODEL = "model"  # output that starts with `<think>` (after whitespace) opens reasoning
 
+    @classmethod
+    def after_prompt(cls, prompt_text: str) -> ThinkingStart:
+        """OPEN when the rendered prompt ends inside an opened reasoning block (`<think>\n`),
+        CLOSED otherwise (an empty `<think>\n\n</think>\n\n` block included)."""
+        return cls.OPEN if prompt_text.rstrip().endswith(THINK_OPEN) else cls.CLOSED
+
 
 class _Stage(enum.Enum):
     DETECT = "detect"
