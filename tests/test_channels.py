@@ -363,13 +363,32 @@ ATOMS = [
 ]  # fmt: skip
 
 
+def random_turn(rng: random.Random, thinking: bool) -> str:
+    def part(n: int) -> str:
+        return "".join(rng.choice(ATOMS) for _ in range(rng.randint(0, n)))
+
+    def answer() -> str:
+        if rng.random() < 0.5:
+            return part(6)
+        calls = [rng.choice(ATOMS[-3:]) for _ in range(rng.randint(1, 3))]
+        text = rng.choice(["", "Sure.\n", "<tool_call> quoted\n"]) + "\n".join(calls)
+        if rng.random() < 0.4:  # a mutation somewhere
+            at = rng.randrange(len(text) + 1)
+            text = text[:at] + rng.choice(ATOMS[:-3]) + text[at:]
+        return text
+
+    if thinking and rng.random() < 0.7:
+        return part(4) + rng.choice(["</think>\n", "</think>\n\n", "</think>"]) + answer()
+    return answer()
+
+
 @pytest.mark.parametrize(
     "config", [THINKING, TOLERANT, TOLERANT_ANSWER, DecoderConfig(tools=TOOLS)]
 )
 def test_random_turns_agree_under_all_segmentations(config):
-    rng = random.Random(hash(config.tolerant_tool_calls) + config.thinking.value.__len__())
-    for _ in range(12):
-        text = "".join(rng.choice(ATOMS) for _ in range(rng.randint(1, 8)))
+    rng = random.Random(len(config.thinking.value) * 2 + config.tolerant_tool_calls)
+    for _ in range(16):
+        text = random_turn(rng, config.thinking is ThinkingStart.OPEN)
         end = rng.choice([TurnEnd.STOP_TOKEN, TurnEnd.LENGTH])
         outcome = decode_all_ways(text, config, end, seed=rng.randint(0, 999))
         if not outcome.calls:  # nothing structured: every answer byte is published
