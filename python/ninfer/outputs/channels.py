@@ -510,10 +510,11 @@ def decode_text(
     config: DecoderConfig,
     end: TurnEnd,
     token_ids: Sequence[int] = (),
-    **decoder_options: object,
+    *,
+    call_id_factory: Callable[[], str] = new_call_id,
 ) -> DecodedText:
     """Aggregate decoding of a whole turn."""
-    decoder = OutputDecoder(config, **decoder_options)  # type: ignore[arg-type]
+    decoder = OutputDecoder(config, call_id_factory=call_id_factory)
     decoder.feed(text, token_ids)
     tail = decoder.finish(end)
     return DecodedText(

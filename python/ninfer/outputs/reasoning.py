@@ -124,35 +124,28 @@ class ReasoningSplitter:
         return True
 
     def _split_reasoning(self, final: bool) -> tuple[str, str]:
-        reasoning: list[str] = []
         held = self._held
         scan = 0
         while True:
             marker = held.find(THINK_CLOSE, scan)
             if marker < 0:
                 keep = 0 if final else ambiguous_suffix_length(held, THINK_CLOSE)
-                cut = len(held) - keep
-                publish = held[:cut].rstrip(_LINE_BREAKS) if not final else held
-                if final:
-                    publish = publish.rstrip(_LINE_BREAKS)
-                reasoning.append(publish)
-                self._keep(held, len(publish))
-                return self._reasoning("".join(reasoning)), ""
+                return self._publish_reasoning(held, len(held) - keep), ""
             after = marker + len(THINK_CLOSE)
             if after == len(held) and not final:
-                publish = held[:marker].rstrip(_LINE_BREAKS)
-                reasoning.append(publish)
-                self._keep(held, len(publish))
-                return self._reasoning("".join(reasoning)), ""
+                return self._publish_reasoning(held, marker), ""  # the next char decides
             if after == len(held) or held[after] in _LINE_BREAKS:
-                reasoning.append(held[:marker].rstrip(_LINE_BREAKS))
+                reasoning = self._reasoning(held[:marker].rstrip(_LINE_BREAKS))
                 self.close_end = self._held_at + after
                 self._stage = _Stage.ANSWER
                 self._strip_answer_start = True
                 self._held = ""
-                return self._reasoning("".join(reasoning)), self._answer(held[after:])
+                return reasoning, self._answer(held[after:])
             scan = after  # a quoted marker: reasoning text
 
-    def _keep(self, held: str, published: int) -> None:
-        self._held = held[published:]
-        self._held_at += published
+    def _publish_reasoning(self, held: str, upto: int) -> str:
+        """Publishes `held[:upto]` but a trailing run of line breaks, which stays held."""
+        publish = held[:upto].rstrip(_LINE_BREAKS)
+        self._held = held[len(publish) :]
+        self._held_at += len(publish)
+        return self._reasoning(publish)
