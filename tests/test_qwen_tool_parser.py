@@ -45,11 +45,11 @@ def test_single_and_multiple_calls():
     assert calls == [("get_weather", [("city", "Paris")]), ("noargs", [])]
 
 
-def test_compact_whitespace_and_crlf_framing():
+def test_compact_whitespace_and_carriage_returns():
     text = "<tool_call><function=run><parameter=cmd>ls</parameter></function></tool_call>"
     assert turn(text)[0][1] == [("run", [("cmd", "ls")])]
-    crlf = call("run", ("cmd", "ls")).replace("\n", "\r\n")
-    assert turn(crlf)[0][1] == [("run", [("cmd", "ls")])]
+    windows = call("run", ("cmd", "line\r\nend\r"))  # only the template's "\n" is framing
+    assert turn(windows)[0][1] == [("run", [("cmd", "line\r\nend\r")])]
 
 
 def test_only_one_framing_line_break_is_stripped():
@@ -426,3 +426,60 @@ def test_arguments_preserve_member_order_and_unicode():
 def test_admitted_types(schema, types):
     got = admitted_types(schema)
     assert (set(got) if got is not None else None) == types
+
+
+# --- round trip through the template's rendering rule ---------------------------------------
+
+SAFE_TEXT = ["a", "Z", " ", "\n", "\r", "\t", "é", "日本", "🚀", "<", ">", "/", "=", '"', "{", "[",
+             "5", "true", "<tool_call>", "</tool_call>", "<function=f>", "</function>",
+             "<parameter=n>v</parameter>", "</parameter>x", "null"]  # fmt: skip
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    kind = rng.choice(["string", "integer", "number", "boolean", "null", "array", "object"])
+    if depth > 1 and kind in ("array", "object"):
+        kind = "string"
+    if kind == "string":
+        return kind, "".join(rng.choice(SAFE_TEXT) for _ in range(rng.randint(0, 6)))
+    if kind == "integer":
+        return kind, rng.randint(-(10**20), 10**20)
+    if kind == "number":
+        return kind, rng.uniform(-1e6, 1e6)
+    if kind == "boolean":
+        return kind, rng.random() < 0.5
+    if kind == "null":
+        return kind, None
+    if kind == "array":
+        return kind, [random_value(rng, depth + 1)[1] for _ in range(rng.randint(0, 3))]
+    return kind, {f"k{i}é": random_value(rng, depth + 1)[1] for i in range(rng.randint(0, 3))}
+
+
+def render_call(name: str, arguments: dict) -> str:
+    """The Qwen template's rule: raw text for strings, tojson (HF: json.dumps, ensure_ascii
+    off, default separators) for everything else."""
+    body = "".join(
+        f"<parameter={key}>\n"
+        f"{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
+        "\n</parameter>\n"
+        for key, value in arguments.items()
+    )
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def test_template_rendered_calls_round_trip_with_their_schema():
+    rng = random.Random(2024)
+    for _ in range(200):
+        properties, arguments = {}, {}
+        for i in range(rng.randint(0, 5)):
+            kind, value = random_value(rng)
+            key = rng.choice(["path", "q", "x_y", "名前"]) + str(i)
+            properties[key] = {"type": kind}
+            arguments[key] = value
+        text = "\n".join(render_call("tool", arguments) for _ in range(rng.randint(1, 2)))
+        scan = find_tool_turn(text, declared=frozenset({"tool"}))
+        assert scan.turn is not None and scan.turn.start == 0, text
+        for parsed in scan.turn.region.calls:
+            stats = ArgumentStats()
+            rebuilt = build_arguments(parsed.parameters, {"properties": properties}, stats)
+            assert rebuilt == json.dumps(arguments, ensure_ascii=False), text
+            assert stats == ArgumentStats()

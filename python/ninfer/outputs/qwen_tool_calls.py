@@ -21,7 +21,7 @@ Parameter values are raw text; the wire format has no escape, so:
   one is value text. There is no backtracking: a quoted closer that is followed by the next
   token closes the value, and the region then fails to parse;
 * a nested opener still unmatched at the end of the text fails the region;
-* one line break after the opener and one before the closer are framing, not value.
+* one "\\n" after the opener and one before the closer are framing, not value.
 
 Tolerant mode (--tolerant-tool-calls) keeps the strict result when there is one and otherwise
 recovers: complete calls followed by a suffix or a malformed later call (the tail is
@@ -121,13 +121,11 @@ def valid_tool_name(name: str) -> bool:
 
 
 def _strip_framing(value: str) -> str:
-    if value.startswith("\r\n"):
-        value = value[2:]
-    elif value.startswith("\n"):
+    """The exact inverse of the template's `<parameter=P>\\n` + VALUE + `\\n</parameter>`
+    (so a value's own "\\r" or line breaks survive a round trip)."""
+    if value.startswith("\n"):
         value = value[1:]
-    if value.endswith("\r\n"):
-        value = value[:-2]
-    elif value.endswith("\n"):
+    if value.endswith("\n"):
         value = value[:-1]
     return value
 
