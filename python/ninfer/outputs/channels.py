@@ -365,44 +365,16 @@ class OutputDecoder:
         if self._finished:
             raise RuntimeError("finish() called twice")
         self._finished = True
-        reasoning, answer = self._splitter.finish()
-        delta = self._route(reasoning, answer)
-        calls: list[ParsedCall] = []
+        delta = self._route(*self._splitter.finish())
         report = ToolCallParseReport() if self._tools_on else None
-        turn: ToolTurn | None = None
-        if self._reasoning_hold is not None and not self._splitter.closed:
-            held = self._reasoning_hold.take()
-            turn = self._recover_from_thinking(held, end)
-            kept = held if turn is None else held[: turn.start]
-            self._publish_reasoning(delta, kept)
-            if turn is not None and report is not None:
-                report.recovered_from_reasoning = True
-                report.marker_seen = True
-        if self._content_hold is not None and report is not None:
-            base = self._content_hold.base
-            held = self._content_hold.take()
-            scan = find_tool_turn(
-                held, tolerant=self.config.tolerant_tool_calls, declared=self._declared
-            )
-            if scan.turn is not None and turn is None:
-                turn = scan.turn
-                held = held[: turn.start]
-            if scan.first_failure_at >= 0:
-                self._note_failure(base + scan.first_failure_at, scan.first_failure)
-            self._publish_content(delta, held)
-            report.marker_seen = report.marker_seen or TOOL_CALL_OPEN in "".join(self._answer_parts)
-        if turn is not None and report is not None:
-            calls = turn.region.calls
-            self._report_turn(report, turn)
-        tool_calls = self._build_calls(calls, report)
+        from_thinking = self._resolve_thinking_hold(delta, end)
+        from_answer = self._resolve_answer_hold(delta)
+        turn = from_thinking or from_answer  # both at once is impossible: thinking never closed
         if report is not None:
-            self._settle_fallback(report, turn)
-        return DecodedTail(
-            delta,
-            tool_calls,
-            report,
-            self._tokens.count(self._splitter.opened, self._splitter.close_end),
-        )
+            self._fill_report(report, turn, from_thinking is not None)
+        calls = self._build_calls(turn.region.calls if turn else [], report)
+        tokens = self._tokens.count(self._splitter.opened, self._splitter.close_end)
+        return DecodedTail(delta, calls, report, tokens)
 
     # --- routing ------------------------------------------------------------------------
 
@@ -451,17 +423,60 @@ class OutputDecoder:
         if self._first_failure is None:
             self._first_failure = (offset, reason)
 
-    def _recover_from_thinking(self, held: str, end: TurnEnd) -> ToolTurn | None:
+    def _resolve_thinking_hold(self, delta: ChannelDelta, end: TurnEnd) -> ToolTurn | None:
         """Complete calls to declared tools, from some marker to the end of a thinking block
-        the model never closed, when it ended the turn with its stop token."""
-        if end is not TurnEnd.STOP_TOKEN or self._content_parts or not self._splitter.opened:
+        the model never closed, when it ended the turn with its stop token (tolerant mode)."""
+        if self._reasoning_hold is None or self._splitter.closed:
             return None
-        return find_tool_turn(held, declared=self._declared).turn
+        held = self._reasoning_hold.take()
+        turn = None
+        if end is TurnEnd.STOP_TOKEN and not self._content_parts and self._splitter.opened:
+            turn = find_tool_turn(held, declared=self._declared).turn
+        self._publish_reasoning(delta, held if turn is None else held[: turn.start])
+        return turn
 
-    def _report_turn(self, report: ToolCallParseReport, turn: ToolTurn) -> None:
-        region = turn.region
-        report.structured_call_count = len(region.calls)
-        report.tolerant_recovered = region.truncated_tail or any(c.repaired for c in region.calls)
+    def _resolve_answer_hold(self, delta: ChannelDelta) -> ToolTurn | None:
+        if self._content_hold is None:
+            return None
+        base = self._content_hold.base
+        held = self._content_hold.take()
+        scan = find_tool_turn(
+            held, tolerant=self.config.tolerant_tool_calls, declared=self._declared
+        )
+        if scan.first_failure_at >= 0:
+            self._note_failure(base + scan.first_failure_at, scan.first_failure)
+        self._publish_content(delta, held if scan.turn is None else held[: scan.turn.start])
+        return scan.turn
+
+    def _fill_report(
+        self, report: ToolCallParseReport, turn: ToolTurn | None, from_thinking: bool
+    ) -> None:
+        report.marker_seen = from_thinking or TOOL_CALL_OPEN in "".join(self._answer_parts)
+        report.recovered_from_reasoning = from_thinking
+        if turn is not None:
+            region = turn.region
+            report.structured_call_count = len(region.calls)
+            report.tolerant_recovered = region.truncated_tail or any(
+                c.repaired for c in region.calls
+            )
+            # Markup before a region that parses is quoted content, not a fallback.
+            report.fallback_reason = "truncated_tail" if region.truncated_tail else "none"
+        elif self._first_failure is not None:
+            offset, reason = self._first_failure
+            report.fallback_reason = reason
+            markup = "".join(self._answer_parts)[offset:]
+            self._log.warning("tool call returned as text (%s): %s", reason, excerpt(markup))
+        if from_thinking:
+            self._log.info(
+                "tool calls recovered from unclosed thinking: %d structured call(s)",
+                report.structured_call_count,
+            )
+        elif report.tolerant_recovered:
+            self._log.info(
+                "tool calls recovered by --tolerant-tool-calls (%s): %d structured call(s)",
+                report.fallback_reason,
+                report.structured_call_count,
+            )
 
     def _build_calls(
         self, calls: list[ParsedCall], report: ToolCallParseReport | None
@@ -482,27 +497,6 @@ class OutputDecoder:
             report.schema_mismatch_preserved = stats.schema_mismatch_preserved
             report.duplicate_parameters_repaired = stats.duplicate_parameters_repaired
         return built
-
-    def _settle_fallback(self, report: ToolCallParseReport, turn: ToolTurn | None) -> None:
-        # Markup before a region that parses is quoted content, not a fallback.
-        if turn is not None:
-            report.fallback_reason = "truncated_tail" if turn.region.truncated_tail else "none"
-        elif self._first_failure is not None:
-            offset, reason = self._first_failure
-            report.fallback_reason = reason
-            markup = "".join(self._answer_parts)[offset:]
-            self._log.warning("tool call returned as text (%s): %s", reason, excerpt(markup))
-        if report.recovered_from_reasoning:
-            self._log.info(
-                "tool calls recovered from unclosed thinking: %d structured call(s)",
-                report.structured_call_count,
-            )
-        elif report.tolerant_recovered:
-            self._log.info(
-                "tool calls recovered by --tolerant-tool-calls (%s): %d structured call(s)",
-                report.fallback_reason,
-                report.structured_call_count,
-            )
 
 
 def decode_text(

@@ -39,11 +39,6 @@ class ArgumentStats:
     schema_mismatch_preserved: int = 0
     duplicate_parameters_repaired: int = 0
 
-    def add(self, other: ArgumentStats) -> None:
-        self.empty_non_string_omitted += other.empty_non_string_omitted
-        self.schema_mismatch_preserved += other.schema_mismatch_preserved
-        self.duplicate_parameters_repaired += other.duplicate_parameters_repaired
-
 
 def _type_names(value: object) -> set[str] | None:
     if isinstance(value, str):
