@@ -41,10 +41,7 @@ def random_tensors(rng: np.random.Generator) -> dict[str, tuple[str, list[int], 
 
 def write_artifact(path: Path, tensors: dict, resources: dict[str, bytes]) -> None:
     writer = ArtifactWriter(
-        path,
-        architecture="llama",
-        config=CONFIG,
-        metadata={"name": "tiny ✓"},
+        path, architecture="llama", config=CONFIG, metadata={"name": "tiny ✓"},
         tokenizer={"bos_token_id": 1},
     )
     for name, (dtype, shape, _) in tensors.items():
@@ -138,9 +135,8 @@ def test_bf16_rounding_matches_torch() -> None:
     x[:4] = [np.inf, -np.inf, 0.0, -0.0]
     expected = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(f32_to_bf16_bits(x), expected)
-    np.testing.assert_array_equal(
-        bf16_bits_to_f32(expected), torch.from_numpy(x).to(torch.bfloat16).float().numpy()
-    )
+    np.testing.assert_array_equal(bf16_bits_to_f32(expected), torch.from_numpy(x).to(
+        torch.bfloat16).float().numpy())
 
 
 def test_writer_refuses_mismatched_data(tmp_path: Path) -> None:
@@ -164,19 +160,11 @@ def test_writer_refuses_mismatched_data(tmp_path: Path) -> None:
 # -- damaged files --------------------------------------------------------------------------
 
 
-def craft(
-    path: Path,
-    header: dict | bytes,
-    *,
-    data: bytes = b"",
-    magic: bytes = MAGIC,
-    version: int = 1,
-    crc: int | None = None,
-) -> Path:
+def craft(path: Path, header: dict | bytes, *, data: bytes = b"", magic: bytes = MAGIC,
+          version: int = 1, crc: int | None = None) -> Path:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()
-    preamble = struct.pack(
-        "<8sIIQII", magic, version, 0, len(raw), zlib.crc32(raw) if crc is None else crc, 0
-    )
+    preamble = struct.pack("<8sIIQII", magic, version, 0, len(raw),
+                           zlib.crc32(raw) if crc is None else crc, 0)
     padding = b"\0" * (align_up(PREAMBLE_SIZE + len(raw)) - PREAMBLE_SIZE - len(raw))
     path.write_bytes(preamble + raw + padding + data)
     return path
@@ -184,12 +172,9 @@ def craft(
 
 def base_header(**overrides: object) -> dict:
     header = {
-        "format_version": 1,
-        "architecture": "llama",
-        "config": {},
+        "format_version": 1, "architecture": "llama", "config": {},
         "tensors": {"t": {"dtype": "f32", "shape": [4], "offset": 0, "nbytes": 16}},
-        "resources": {"r": {"offset": 256, "size": 3}},
-        "data_size": 259,
+        "resources": {"r": {"offset": 256, "size": 3}}, "data_size": 259,
     }
     header.update(overrides)
     return header
@@ -258,18 +243,8 @@ def test_corrupted_header_byte(tmp_path: Path, artifact_path: tuple[Path, dict])
 
 
 def test_malformed_json(tmp_path: Path) -> None:
-    for i, text in enumerate(
-        [
-            b'{"a": 1,}',
-            b'{"a": tru}',
-            b'{"a": "\\x"}',
-            b"[1, 2",
-            b"{} {}",
-            b'{"a": 01}',
-            b'{"a": "\\ud800"}',
-            b"\xff",
-        ]
-    ):
+    for i, text in enumerate([b'{"a": 1,}', b'{"a": tru}', b'{"a": "\\x"}', b"[1, 2", b"{} {}",
+                              b'{"a": 01}', b'{"a": "\\ud800"}', b"\xff"]):
         expect_refusal(craft(tmp_path / f"j{i}.ninfer", text), "malformed header JSON")
 
 
@@ -283,69 +258,44 @@ def test_json_escapes_decode(tmp_path: Path) -> None:
 
 def test_extent_outside_data_section(tmp_path: Path) -> None:
     tensors = {"t": {"dtype": "f32", "shape": [4], "offset": 256, "nbytes": 16}}
-    expect_refusal(
-        craft(tmp_path / "a.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
-        "tensor 't' .* outside the data section",
-    )
+    expect_refusal(craft(tmp_path / "a.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
+                   "tensor 't' .* outside the data section")
     resources = {"r": {"offset": 256, "size": 4}}
-    expect_refusal(
-        craft(tmp_path / "b.ninfer", base_header(resources=resources), data=GOOD_DATA),
-        "resource 'r' .* outside the data section",
-    )
+    expect_refusal(craft(tmp_path / "b.ninfer", base_header(resources=resources), data=GOOD_DATA),
+                   "resource 'r' .* outside the data section")
     huge = {"r": {"offset": 256, "size": 2**62}}
-    expect_refusal(
-        craft(tmp_path / "c.ninfer", base_header(resources=huge), data=GOOD_DATA),
-        "outside the data section",
-    )
-    expect_refusal(
-        craft(tmp_path / "d.ninfer", base_header(data_size=10**6), data=GOOD_DATA),
-        "file too short: data section",
-    )
+    expect_refusal(craft(tmp_path / "c.ninfer", base_header(resources=huge), data=GOOD_DATA),
+                   "outside the data section")
+    expect_refusal(craft(tmp_path / "d.ninfer", base_header(data_size=10**6), data=GOOD_DATA),
+                   "file too short: data section")
 
 
 def test_shape_disagrees_with_nbytes(tmp_path: Path) -> None:
     tensors = {"t": {"dtype": "bf16", "shape": [4], "offset": 0, "nbytes": 16}}
-    expect_refusal(
-        craft(tmp_path / "a.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
-        "tensor 't' has nbytes 16 but its shape and dtype bf16 need 8",
-    )
+    expect_refusal(craft(tmp_path / "a.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
+                   "tensor 't' has nbytes 16 but its shape and dtype bf16 need 8")
     tensors = {"t": {"dtype": "q8_0", "shape": [1, 48], "offset": 0, "nbytes": 34}}
-    expect_refusal(
-        craft(tmp_path / "b.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
-        "not a multiple of 32",
-    )
+    expect_refusal(craft(tmp_path / "b.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
+                   "not a multiple of 32")
     tensors = {"t": {"dtype": "f64", "shape": [2], "offset": 0, "nbytes": 16}}
-    expect_refusal(
-        craft(tmp_path / "c.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
-        "unknown tensor dtype 'f64'",
-    )
+    expect_refusal(craft(tmp_path / "c.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
+                   "unknown tensor dtype 'f64'")
     tensors = {"t": {"dtype": "f32", "shape": [-4], "offset": 0, "nbytes": 16}}
-    expect_refusal(
-        craft(tmp_path / "d.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
-        "must not be negative",
-    )
+    expect_refusal(craft(tmp_path / "d.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
+                   "must not be negative")
     tensors = {"t": {"dtype": "f32", "shape": [4], "offset": 8, "nbytes": 16}}
-<<<<<<< HEAD
     expect_refusal(craft(tmp_path / "e.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
                    "not 256-byte aligned")
     with pytest.raises(ArtifactFormatError, match="not 256-byte aligned"):
         read_header(tmp_path / "e.ninfer")
-=======
-    expect_refusal(
-        craft(tmp_path / "e.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
-        "not 256-byte aligned",
-    )
->>>>>>> server
     tensors = {"t": {"dtype": "f32", "shape": [2**40, 2**40], "offset": 0, "nbytes": 16}}
-    expect_refusal(
-        craft(tmp_path / "f.ninfer", base_header(tensors=tensors), data=GOOD_DATA), "too large"
-    )
+    expect_refusal(craft(tmp_path / "f.ninfer", base_header(tensors=tensors), data=GOOD_DATA),
+                   "too large")
 
 
 def test_header_without_required_fields(tmp_path: Path) -> None:
-    expect_refusal(
-        craft(tmp_path / "a.ninfer", base_header(architecture=3), data=GOOD_DATA), "architecture"
-    )
+    expect_refusal(craft(tmp_path / "a.ninfer", base_header(architecture=3), data=GOOD_DATA),
+                   "architecture")
     expect_refusal(craft(tmp_path / "b.ninfer", b"[1]"), "not an object")
     header = base_header()
     del header["data_size"]
@@ -357,14 +307,14 @@ def test_mangled_headers_never_crash(tmp_path: Path, artifact_path: tuple[Path, 
     path, _ = artifact_path
     raw = path.read_bytes()
     header_len = struct.unpack_from("<Q", raw, 16)[0]
-    header = raw[PREAMBLE_SIZE : PREAMBLE_SIZE + header_len]
+    header = raw[PREAMBLE_SIZE:PREAMBLE_SIZE + header_len]
     rng = np.random.default_rng(99)
     candidates = [header[:cut] for cut in rng.integers(0, header_len, 40)]
     for _ in range(60):
         mangled = bytearray(header)
         mangled[rng.integers(0, header_len)] = int(rng.choice(list(b'{}[]",:0-9e.tfn\\ \x00\xff')))
         candidates.append(bytes(mangled))
-    data = raw[align_up(PREAMBLE_SIZE + header_len) :]
+    data = raw[align_up(PREAMBLE_SIZE + header_len):]
     refused = 0
     for i, candidate in enumerate(candidates):
         bad = craft(tmp_path / f"m{i}.ninfer", candidate, data=data)

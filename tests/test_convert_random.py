@@ -15,37 +15,15 @@ from ninfer.artifact import bf16_bits_to_f32, dequantize_q8_0
 from ninfer.convert.random import make_random_artifact
 from ninfer.convert.synthetic_tokenizer import synthetic_token_ids
 
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
-}
-QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "vocab_size": 448,
-    "rope_theta": 1e6,
-}
-QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 400,
-}
+LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
+         "head_dim": 32, "vocab_size": 448, "rope_theta": 1e6}
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 400}
 
 
 def digest(path: Path) -> str:
@@ -86,22 +64,12 @@ def test_random_artifact_runs_in_transformers(tmp_path: Path, config: dict, dtyp
         assert art.tensor_info(name)["dtype"] == ("f32" if values.ndim == 1 else dtype)
         if values.ndim == 2:
             assert 0.015 < values.std() < 0.025, name
-<<<<<<< HEAD
     stored_config = json.loads(art.resource("config.json"))
     hf_config = transformers.AutoConfig.for_model(**stored_config)
-=======
-    hf_config = transformers.AutoConfig.for_model(
-        {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2"}[
-            config["architectures"][0]
-        ],
-        **{k: v for k, v in config.items() if k != "architectures"},
-    )
->>>>>>> server
     model = transformers.AutoModelForCausalLM.from_config(hf_config)
     tied = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
     missing, unexpected = model.load_state_dict(
-        {k: torch.from_numpy(v.copy()) for k, v in weights.items()}, strict=False
-    )
+        {k: torch.from_numpy(v.copy()) for k, v in weights.items()}, strict=False)
     assert set(missing) <= tied and not unexpected
     ids = list(synthetic_token_ids().values())
     logits = model(torch.tensor([ids])).logits
@@ -119,15 +87,8 @@ def test_tokenizer_must_fit_vocab(tmp_path: Path) -> None:
 
 def test_generation_is_streamed(tmp_path: Path) -> None:
     # A 32768 x 1024 embedding is 128 MB as float32; the writer must never hold it whole.
-    config = dict(
-        LLAMA,
-        hidden_size=1024,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        vocab_size=32768,
-    )
+    config = dict(LLAMA, hidden_size=1024, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=8, num_key_value_heads=8, vocab_size=32768)
     tracemalloc.start()
     try:
         make_random_artifact(config, tmp_path / "big.ninfer")
