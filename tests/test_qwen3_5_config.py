@@ -10,74 +10,21 @@ from ninfer.convert.qwen3_5_config import (
     normalize_qwen3_5_config,
     qwen3_5_expected_tensors,
 )
+from ninfer.convert.qwen3_5_presets import preset_names, qwen3_5_preset
 
-ROPE = {
-    "rope_type": "default",
-    "rope_theta": 10000000,
-    "partial_rotary_factor": 0.25,
-    "mrope_section": [11, 11, 10],
-    "mrope_interleaved": True,
-}
+ROPE = qwen3_5_preset("qwen3.6-27b")["text_config"]["rope_parameters"]
 
 
 def config_27b() -> dict:
-    """The shape of Qwen3.6-27B's config.json (spec §1.1)."""
-    return {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": False,
-        "image_token_id": 248056,
-        "text_config": {
-            "model_type": "qwen3_5_text",
-            "hidden_size": 5120,
-            "intermediate_size": 17408,
-            "num_hidden_layers": 64,
-            "num_attention_heads": 24,
-            "num_key_value_heads": 4,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 48,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-            "full_attention_interval": 4,
-            "rope_parameters": ROPE,
-            "rms_norm_eps": 1e-6,
-            "vocab_size": 248320,
-            "max_position_embeddings": 262144,
-            "mtp_num_hidden_layers": 1,
-            "mtp_use_dedicated_embeddings": False,
-            "attn_output_gate": True,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mamba_ssm_dtype": "float32",
-        },
-        "vision_config": {"depth": 27, "hidden_size": 1152},
-    }
+    """Qwen3.6-27B's config.json shape (spec §1.1), with explicit layer_types."""
+    config = qwen3_5_preset("qwen3.6-27b")
+    config["text_config"]["layer_types"] = ["linear_attention"] * 3 + ["full_attention"]
+    return config
 
 
 def config_35b() -> dict:
-    """The shape of Qwen3.6-35B-A3B's config.json (spec §1.2), with layer_types omitted."""
-    text = {
-        "model_type": "qwen3_5_moe_text",
-        "hidden_size": 2048,
-        "num_hidden_layers": 40,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 2,
-        "head_dim": 256,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
-        "num_experts": 256,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 512,
-        "shared_expert_intermediate_size": 512,
-        "rope_parameters": ROPE,
-        "vocab_size": 248320,
-        "max_position_embeddings": 262144,
-        "mtp_num_hidden_layers": 1,
-    }
-    return {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": text}
+    """Qwen3.6-35B-A3B's config.json shape (spec §1.2), layer_types from the interval."""
+    return qwen3_5_preset("qwen3.6-35b-a3b")
 
 
 def test_27b_flattened():
@@ -218,3 +165,28 @@ def test_bad_configs_are_refused(change, error):
 def test_other_models_are_not_hybrid():
     assert hybrid_architecture_of({"architectures": ["LlamaForCausalLM"]}) is None
     assert hybrid_architecture_of({"model_type": "qwen3_5_text"}) == "qwen3_5"
+
+
+def test_presets_are_fresh_copies_and_named():
+    assert preset_names() == ["qwen3.6-27b", "qwen3.6-35b-a3b"]
+    first = qwen3_5_preset("Qwen3.6-27B")
+    first["text_config"]["hidden_size"] = 1
+    assert qwen3_5_preset("qwen3.6-27b")["text_config"]["hidden_size"] == 5120
+    with pytest.raises(KeyError, match="known: qwen3.6-27b"):
+        qwen3_5_preset("qwen3.6-4b")
+
+
+def test_35b_tensor_shapes_match_spec_table():
+    config = normalize_qwen3_5_config("qwen3_5_moe", config_35b())
+    shapes = qwen3_5_expected_tensors(config)
+    p = "model.layers.0."
+    assert shapes[p + "linear_attn.in_proj_qkv.weight"] == (8192, 2048)
+    assert shapes[p + "linear_attn.in_proj_z.weight"] == (4096, 2048)
+    assert shapes[p + "linear_attn.in_proj_b.weight"] == (32, 2048)
+    assert shapes[p + "linear_attn.conv1d.weight"] == (8192, 1, 4)
+    assert shapes[p + "mlp.experts.gate_up_proj"] == (256, 1024, 2048)
+    assert shapes[p + "mlp.experts.down_proj"] == (256, 2048, 512)
+    assert shapes[p + "mlp.shared_expert_gate.weight"] == (1, 2048)
+    assert shapes["model.layers.3.self_attn.q_proj.weight"] == (8192, 2048)
+    assert shapes["model.layers.3.self_attn.k_proj.weight"] == (512, 2048)
+    assert shapes["mtp.layers.0.mlp.experts.gate_up_proj"] == (256, 1024, 2048)

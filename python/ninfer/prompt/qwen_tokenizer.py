@@ -8,7 +8,7 @@ at the token's rank, ignore_merges on — so it encodes exactly as tiktoken does
 added tokens at their real ids (model spec §6.1). Only the rank file of that package is used:
 its own `encode` turns special-token spellings inside user text into control tokens.
 
-Building takes about 2.5 s and writes ~12 MB (compact JSON), so the JSON is cached on disk,
+Building takes about 2.5 s (idle core) and writes ~15 MB of compact JSON, so it is cached on disk,
 keyed by the rank file's hash and the builder version.
 """
 
@@ -239,3 +239,18 @@ class QwenTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._with_specials.token_to_id(token)
+
+
+def main() -> None:
+    """`python -m ninfer.prompt.qwen_tokenizer [CACHE_DIR]`: build (or find) the cached JSON."""
+    import sys
+    import time
+
+    started = time.perf_counter()
+    path = qwen3_5_tokenizer_json(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
+    elapsed = time.perf_counter() - started
+    print(f"{path} ({path.stat().st_size / 1e6:.1f} MB, {elapsed:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()
