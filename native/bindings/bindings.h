@@ -9,5 +9,6 @@ void bind_artifact(pybind11::module_& m);  // artifact_bindings.cpp
 void bind_ops(pybind11::module_& m);       // ops_bindings.cpp  (kernels, for tests)
 void bind_model_runner(pybind11::module_& m);  // model_runner_bindings.cpp (called by bind_ops)
 void bind_engine(pybind11::module_& m);    // engine_bindings.cpp
+void bind_cuda(pybind11::module_& m);      // cuda_bindings.cpp (CUDA ops, for tests)
 
 }  // namespace ninfer::bindings

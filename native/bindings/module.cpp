@@ -5,4 +5,5 @@ PYBIND11_MODULE(_core, m) {
   ninfer::bindings::bind_artifact(m);
   ninfer::bindings::bind_ops(m);
   ninfer::bindings::bind_engine(m);
+  ninfer::bindings::bind_cuda(m);
 }

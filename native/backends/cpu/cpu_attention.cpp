@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -37,8 +38,19 @@ struct OnlineSoftmax {
 
 }  // namespace
 
+void CpuBackend::bind_kv(KvPool& kv) {
+  if (!kv.has_storage()) {
+    const auto elems = static_cast<size_t>(kv.storage_elems());
+    kv.attach_storage({std::shared_ptr<void>(new float[elems](), std::default_delete<float[]>()), DType::F32, "cpu"});
+  } else if (kv.storage().device != "cpu" || kv.storage().dtype != DType::F32) {
+    throw std::invalid_argument("the KV pool's storage is " + std::string(dtype_name(kv.storage().dtype)) + " on " +
+                                kv.storage().device + "; the CPU backend needs f32 on cpu");
+  }
+}
+
 void CpuBackend::kv_write(KvPool& kv, int64_t layer, const float* k, const float* v,
                           std::span<const AttentionSlice> slices) {
+  bind_kv(kv);
   const int64_t row = kv.num_kv_heads() * kv.head_dim();
   for (const auto& s : slices) {
     check_slice(s, kv);
@@ -55,6 +67,7 @@ void CpuBackend::kv_write(KvPool& kv, int64_t layer, const float* k, const float
 
 void CpuBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span<const AttentionSlice> slices,
                            const AttentionShape& shape, float* out) {
+  bind_kv(kv);
   const int64_t hd = shape.head_dim, nh = shape.num_heads, nkv = shape.num_kv_heads;
   if (nkv <= 0 || nh % nkv != 0 || hd != kv.head_dim() || nkv != kv.num_kv_heads())
     throw std::invalid_argument("attention: head counts/dims do not match the KV pool");

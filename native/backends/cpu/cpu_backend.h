@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   void copy_from_host(float* dst, const float* src, int64_t elements) override;
   void copy_to_host(float* dst, const float* src, int64_t elements) override;
   void synchronize() override {}
+  void bind_kv(KvPool& kv) override;
 
   void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
   void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
