@@ -54,6 +54,8 @@ def _build(name: str, folder: Path):
             if pname.endswith("norm.weight"):
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             param.copy_(param.bfloat16().float())  # the artifact's exact values
+    model.generation_config.eos_token_id = None  # min_new_tokens would mask eos otherwise
+    model.generation_config.pad_token_id = 0
     hf_config = config.to_dict()
     hf_config["architectures"] = [type(model).__name__]
     tensors = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -103,7 +105,7 @@ def test_long_context_decode_matches_transformers(case):
     """Decode rows over ~900 cached tokens use the split-KV kernel."""
     name, model, path = case
     ids = _tokens(2, 900)
-    runner = _runner(path)
+    runner = _runner(path, batch=1024)
     runner.forward(0, 0, ids[:-3])
     rows = [runner.forward(0, len(ids) - 3 + i, [ids[len(ids) - 3 + i]]) for i in range(3)]
     ref = _hf_logits(model, ids)[-3:]
@@ -118,23 +120,30 @@ def test_greedy_generation_matches_transformers(case):
     with torch.no_grad():
         ref = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new,
                              min_new_tokens=new)[0, len(prompt):].tolist()
+    hf = _hf_logits(model, prompt + ref)[len(prompt) - 1:]  # the reference's logits per step
+    # Free-running greedy decode, then teacher-forced (fed the reference's tokens) so that
+    # one flipped near-tie does not decide every later step.
     runner = _runner(path)
     logits = runner.forward(0, 0, prompt)
-    ours = []
+    free = []
     for _ in range(new):
-        ours.append(int(np.argmax(logits)))
-        logits = runner.forward(0, len(prompt) + len(ours) - 1, [ours[-1]])
-    same = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=True)) if a != b), new)
-    print(f"{name}: greedy equal for {same}/{new} steps")
-    if same < new:
-        # A divergence must be a near-tie in the reference: bf16 rounding may flip it.
-        hf = _hf_logits(model, prompt + ref[:same])[-1]
-        margin = hf[ref[same]] - hf[ours[same]]
-        scale = np.abs(hf).max()
-        print(f"{name}: first divergence at step {same}: reference margin {margin:.4f} "
-              f"(logit scale {scale:.2f})")
-        assert margin < 0.02 * scale, "diverged where the reference had a clear winner"
-    assert same >= new // 2 or same == new
+        free.append(int(np.argmax(logits)))
+        logits = runner.forward(0, len(prompt) + len(free) - 1, [free[-1]])
+    same = next((i for i, (a, b) in enumerate(zip(free, ref, strict=True)) if a != b), new)
+    runner.reset(0)
+    logits = runner.forward(0, 0, prompt)
+    mismatches = []
+    for i in range(new):
+        ours = int(np.argmax(logits))
+        if ours != ref[i]:
+            margin = hf[i][ref[i]] - hf[i][ours]
+            mismatches.append((i, float(margin / np.abs(hf[i]).max())))
+        logits = runner.forward(0, len(prompt) + i, [ref[i]])
+    print(f"{name}: greedy equal for the first {same}/{new} steps free-running; teacher-forced "
+          f"mismatches (step, reference margin / logit scale): {mismatches}")
+    # Every disagreement must be a near-tie in the reference, and they must be rare.
+    assert all(rel_margin < 0.02 for _, rel_margin in mismatches)
+    assert len(mismatches) <= new // 10
 
 
 def test_batched_equals_alone(case):
@@ -153,8 +162,13 @@ def test_batched_equals_alone(case):
         [(0, 89, seqs[0][89:]), (1, 20, seqs[1][20:]), (2, 0, seqs[2]), (3, 4, seqs[3][4:])])
     for lane, ref in enumerate(alone):
         err = _rel(mixed[lane].astype(np.float64), ref.astype(np.float64))
+        top = np.sort(ref)[-2:]
         print(f"{name}: lane {lane} batched vs alone rel err {err:.2e}")
-        assert err < 1e-2 and int(np.argmax(mixed[lane])) == int(np.argmax(ref))
+        # Same bf16 GEMM inputs on both paths; the remaining difference is attention rounding
+        # (the prefill kernel's bf16 q and probabilities vs the decode kernel's f32).
+        assert err < 8e-3
+        if top[1] - top[0] > 0.01 * np.abs(ref).max():  # not a near-tie
+            assert int(np.argmax(mixed[lane])) == int(np.argmax(ref))
 
 
 def test_random_weights_on_device(tmp_path):
@@ -162,9 +176,9 @@ def test_random_weights_on_device(tmp_path):
            "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
            "head_dim": 128, "vocab_size": 1000, "tie_word_embeddings": False}
     path = write_bf16_artifact(tmp_path / "header_only.ninfer", cfg, None)
-    a = _core.ModelRunner(str(path), max_lanes=2, max_batch_tokens=64, device="cuda",
+    a = _core.ModelRunner(str(path), max_lanes=2, max_batch_tokens=128, device="cuda",
                           random_weights_seed=7)
-    b = _core.ModelRunner(str(path), max_lanes=2, max_batch_tokens=64, device="cuda",
+    b = _core.ModelRunner(str(path), max_lanes=2, max_batch_tokens=128, device="cuda",
                           random_weights_seed=7)
     ids = _tokens(4, 70)
     la, lb = a.forward(0, 0, ids), b.forward(0, 0, ids)

@@ -416,7 +416,8 @@ void CudaBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span
     const int64_t max_pages = (max_len + kPageTokens - 1) / kPageTokens;
     const int64_t group_chunks = (nh / nkv + 7) / 8;
     const int64_t base_blocks = static_cast<int64_t>(decode.size()) * nkv * group_chunks;
-    int64_t want = forced_splits_ > 0 ? forced_splits_ : (2 * num_sms_ + base_blocks - 1) / base_blocks;
+    // Enough blocks (about 8 per SM) that many K/V loads are in flight across the chip.
+    int64_t want = forced_splits_ > 0 ? forced_splits_ : (8 * num_sms_ + base_blocks - 1) / base_blocks;
     want = std::clamp<int64_t>(want, 1, max_pages);
     chunk = static_cast<int>((max_pages + want - 1) / want) * kPageTokens;
     splits = static_cast<int>((max_len + chunk - 1) / chunk);

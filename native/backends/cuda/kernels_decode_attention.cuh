@@ -92,14 +92,24 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeP
     for (int j = 0; j < 8; ++j) acc[g][j] = 0.0f;
   }
 
-  for (int key = key_begin + key_lane; key < key_end; key += kKeysPerStep) {
+  // The next key's K/V rows are loaded before the current key is used, so two loads per
+  // thread are in flight while the softmax arithmetic runs.
+  auto load = [&](int key, uint4& kp, uint4& vp) {
     const int32_t page = p.pages[item.pages_offset + key / kKvPageTokens];
     const int slot = key % kKvPageTokens;
-    const uint4 kp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 0, slot, HD) + kv_head * HD + sub * 8);
-    const uint4 vp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 1, slot, HD) + kv_head * HD + sub * 8);
+    kp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 0, slot, HD) + kv_head * HD + sub * 8);
+    vp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 1, slot, HD) + kv_head * HD + sub * 8);
+  };
+  int key = key_begin + key_lane;
+  uint4 k_cur = make_uint4(0, 0, 0, 0), v_cur = make_uint4(0, 0, 0, 0);
+  if (key < key_end) load(key, k_cur, v_cur);
+  while (key < key_end) {
+    const int next = key + kKeysPerStep;
+    uint4 k_next = make_uint4(0, 0, 0, 0), v_next = make_uint4(0, 0, 0, 0);
+    if (next < key_end) load(next, k_next, v_next);
     float kf[8], vf[8];
-    bf16x8_to_float(kp, kf);
-    bf16x8_to_float(vp, vf);
+    bf16x8_to_float(k_cur, kf);
+    bf16x8_to_float(v_cur, vf);
 #pragma unroll
     for (int g = 0; g < kDecodeMaxGroup; ++g) {
       if (g >= num_g) break;
@@ -116,6 +126,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeP
       for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(acc[g][j], correction, weight * vf[j]);
       m[g] = m_new;
     }
+    key = next;
+    k_cur = k_next;
+    v_cur = v_next;
   }
 
   // Merge the kKeysPerStep thread groups' states.

@@ -57,7 +57,10 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock * 32)
     for (int m = 0; m < M; ++m) {
       const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(m) * k + c));
       const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(m) * k + c + 4));
-      const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      // x rounded to bf16 like the cuBLAS path's input, so results do not depend on which
+      // path (and so which batch size) computed them.
+      const float xs[8] = {round_bf16(x0.x), round_bf16(x0.y), round_bf16(x0.z), round_bf16(x0.w),
+                           round_bf16(x1.x), round_bf16(x1.y), round_bf16(x1.z), round_bf16(x1.w)};
 #pragma unroll
       for (int r = 0; r < kGemvRowsPerWarp; ++r)
 #pragma unroll

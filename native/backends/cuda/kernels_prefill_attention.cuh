@@ -2,9 +2,12 @@
 //
 // A block of 4 warps takes kPrefillBlockRows = 64 consecutive query rows of one slice and
 // one query head; each warp owns 16 rows. Keys are walked one 64-token page at a time
-// (FlashAttention-style online softmax): S = Q·K^T (tensor cores) -> per-row max/sum update in
-// f32 -> P (bf16) -> O = O·alpha + P·V (tensor cores). O lives in shared memory as f32
-// because WMMA accumulator layouts are opaque, so the per-row rescale happens there.
+// (FlashAttention-style online softmax): S = Q·K^T (tensor cores) -> per-row max/sum in f32
+// -> P (bf16) -> O += P·V (tensor cores, O kept in accumulator fragments across tiles).
+// WMMA accumulator layouts are opaque, so O cannot be rescaled per row in registers; the
+// kernel keeps a stale per-row max instead and rescales (through shared memory) only when a
+// row's max grows by more than kRescaleThreshold, so probabilities stay below e^8 and the
+// rescale is rare after the first tile.
 #pragma once
 
 #include <mma.h>
@@ -20,6 +23,7 @@ namespace ninfer::cuda::kernels {
 inline constexpr int kPrefillWarps = 4;
 inline constexpr int kPrefillThreads = kPrefillWarps * 32;
 inline constexpr int kKeyTile = 64;  // one KV page
+inline constexpr float kRescaleThreshold = 8.0f;
 
 struct PrefillParams {
   KvLayout kv;
@@ -76,18 +80,21 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_attention(const Prefi
     const float value = r < item.num_rows ? p.q[(static_cast<int64_t>(item.row + r) * p.num_heads + head) * HD + d] : 0.0f;
     q_s[r * Smem::kQkvLd + d] = __float2bfloat16_rn(value);
   }
-  for (int idx = lane; idx < 16 * HD; idx += 32) o_w[(idx / HD) * Smem::kOLd + idx % HD] = 0.0f;
+  constexpr int kDn = HD / 16;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag[kDn];
+#pragma unroll
+  for (int dn = 0; dn < kDn; ++dn) wmma::fill_fragment(o_frag[dn], 0.0f);
 
   // This lane's softmax row and half of the 64 key columns.
   const int my_row = lane >> 1, my_half = lane & 1;
   const int my_pos = item.first_pos + warp * 16 + my_row;  // query position of that row
   const bool row_valid = warp * 16 + my_row < item.num_rows;
-  float row_max = -FLT_MAX, row_sum = 0.0f;
+  float row_max = -FLT_MAX, row_sum = 0.0f;  // row_max: the (possibly stale) max P is relative to
   const int warp_last_pos = min(last_pos, item.first_pos + warp * 16 + 15);
 
   const int num_tiles = last_pos / kKeyTile + 1;
   for (int tile = 0; tile < num_tiles; ++tile) {
-    __syncthreads();  // previous tile's K/V fully consumed (and Q/O initialised on entry)
+    __syncthreads();  // previous tile's K/V fully consumed (and Q written on entry)
     const int32_t page = p.pages[item.pages_offset + tile];
     constexpr int kChunksPerRow = HD / 8;
     for (int idx = threadIdx.x; idx < kKeyTile * kChunksPerRow; idx += kPrefillThreads) {
@@ -103,19 +110,24 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_attention(const Prefi
     __syncthreads();
     if (tile * kKeyTile > warp_last_pos) continue;  // every key of this tile is after this warp's rows
 
-    // S = Q_w · K^T: 16 x 64 scores in four 16x16 tiles.
-    for (int n = 0; n < kKeyTile / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag;
-      wmma::fill_fragment(s_frag, 0.0f);
+    {  // S = Q_w · K^T: 16 x 64 scores in four 16x16 tiles; each Q fragment serves all four.
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag[kKeyTile / 16];
+#pragma unroll
+      for (int n = 0; n < kKeyTile / 16; ++n) wmma::fill_fragment(s_frag[n], 0.0f);
 #pragma unroll 4
       for (int kk = 0; kk < HD / 16; ++kk) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
         wmma::load_matrix_sync(a, q_s + warp * 16 * Smem::kQkvLd + kk * 16, Smem::kQkvLd);
-        wmma::load_matrix_sync(b, k_s + n * 16 * Smem::kQkvLd + kk * 16, Smem::kQkvLd);
-        wmma::mma_sync(s_frag, a, b, s_frag);
+#pragma unroll
+        for (int n = 0; n < kKeyTile / 16; ++n) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+          wmma::load_matrix_sync(b, k_s + n * 16 * Smem::kQkvLd + kk * 16, Smem::kQkvLd);
+          wmma::mma_sync(s_frag[n], a, b, s_frag[n]);
+        }
       }
-      wmma::store_matrix_sync(s_w + n * 16, s_frag, Smem::kSLd, wmma::mem_row_major);
+#pragma unroll
+      for (int n = 0; n < kKeyTile / 16; ++n)
+        wmma::store_matrix_sync(s_w + n * 16, s_frag[n], Smem::kSLd, wmma::mem_row_major);
     }
     __syncwarp();
 
@@ -127,43 +139,52 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_attention(const Prefi
       if (row_valid && key_pos <= my_pos) tile_max = fmaxf(tile_max, s_w[my_row * Smem::kSLd + col0 + c] * p.scale);
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float new_max = fmaxf(row_max, tile_max);
-    const bool any = new_max > -FLT_MAX;  // false only for rows with no visible key yet
-    const float alpha = any ? expf(row_max - new_max) : 1.0f;
+    // A row with no visible key keeps tile_max = -FLT_MAX and never asks for a rescale.
+    const bool grow = tile_max > row_max + kRescaleThreshold || (row_max == -FLT_MAX && tile_max > -FLT_MAX);
+    if (__any_sync(0xffffffffu, grow)) {  // rare after the first tile: rescale O through shared memory
+      const float new_max = grow ? tile_max : row_max;
+      const float alpha = grow ? expf(row_max - new_max) : 1.0f;
+      row_sum *= alpha;
+      row_max = new_max;
+      if (my_half == 0) alpha_w[my_row] = alpha;
+#pragma unroll
+      for (int dn = 0; dn < kDn; ++dn) wmma::store_matrix_sync(o_w + dn * 16, o_frag[dn], Smem::kOLd, wmma::mem_row_major);
+      __syncwarp();
+      for (int idx = lane; idx < 16 * HD; idx += 32) o_w[(idx / HD) * Smem::kOLd + idx % HD] *= alpha_w[idx / HD];
+      __syncwarp();
+#pragma unroll
+      for (int dn = 0; dn < kDn; ++dn) wmma::load_matrix_sync(o_frag[dn], o_w + dn * 16, Smem::kOLd, wmma::mem_row_major);
+    }
     float tile_sum = 0.0f;
     for (int c = 0; c < 32; ++c) {
       const int key_pos = tile * kKeyTile + col0 + c;
       float prob = 0.0f;
-      if (row_valid && key_pos <= my_pos) prob = expf(s_w[my_row * Smem::kSLd + col0 + c] * p.scale - new_max);
+      if (row_valid && key_pos <= my_pos) prob = expf(s_w[my_row * Smem::kSLd + col0 + c] * p.scale - row_max);
       const __nv_bfloat16 rounded = __float2bfloat16_rn(prob);
       p_w[my_row * Smem::kPLd + col0 + c] = rounded;
       tile_sum += __bfloat162float(rounded);  // the sum matches the weights P·V uses
     }
     tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
-    row_sum = row_sum * alpha + tile_sum;
-    row_max = new_max;
-    if (my_half == 0) alpha_w[my_row] = alpha;
+    row_sum += tile_sum;
     __syncwarp();
 
-    // O = O * alpha (per row), then O += P · V.
-    for (int idx = lane; idx < 16 * HD; idx += 32) o_w[(idx / HD) * Smem::kOLd + idx % HD] *= alpha_w[idx / HD];
-    __syncwarp();
-    for (int dn = 0; dn < HD / 16; ++dn) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
-      wmma::load_matrix_sync(o_frag, o_w + dn * 16, Smem::kOLd, wmma::mem_row_major);
+    // O += P · V; each P fragment serves every output column block.
 #pragma unroll
-      for (int ks = 0; ks < kKeyTile / 16; ++ks) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+    for (int ks = 0; ks < kKeyTile / 16; ++ks) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+      wmma::load_matrix_sync(a, p_w + ks * 16, Smem::kPLd);
+#pragma unroll
+      for (int dn = 0; dn < kDn; ++dn) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-        wmma::load_matrix_sync(a, p_w + ks * 16, Smem::kPLd);
         wmma::load_matrix_sync(b, v_s + ks * 16 * Smem::kQkvLd + dn * 16, Smem::kQkvLd);
-        wmma::mma_sync(o_frag, a, b, o_frag);
+        wmma::mma_sync(o_frag[dn], a, b, o_frag[dn]);
       }
-      wmma::store_matrix_sync(o_w + dn * 16, o_frag, Smem::kOLd, wmma::mem_row_major);
     }
     __syncwarp();
   }
 
+#pragma unroll
+  for (int dn = 0; dn < kDn; ++dn) wmma::store_matrix_sync(o_w + dn * 16, o_frag[dn], Smem::kOLd, wmma::mem_row_major);
   if (my_half == 0) l_w[my_row] = row_sum;
   __syncwarp();
   for (int idx = lane; idx < 16 * HD; idx += 32) {
