@@ -62,7 +62,9 @@ void CpuBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span<
   const int64_t group = nh / nkv;
   const int64_t kv_row = nkv * hd;
 
-  // Tasks: (slice, kv head, block of query rows).
+  // Tasks: (slice, kv head, block of query rows). All query heads of a kv head and all rows
+  // of the block meet each 64-token page together: scores are one small GEMM against the
+  // page's keys, the value update another against its values.
   std::vector<int64_t> first_task(slices.size() + 1, 0);
   for (size_t i = 0; i < slices.size(); ++i)
     first_task[i + 1] = first_task[i] + nkv * ((slices[i].num_tokens + kQueryRowsPerTask - 1) / kQueryRowsPerTask);
@@ -75,41 +77,55 @@ void CpuBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span<
     const int64_t local = task - first_task[si];
     const int64_t kvh = local % nkv;
     const int64_t r0 = (local / nkv) * kQueryRowsPerTask;
-    const int64_t r1 = std::min<int64_t>(s.num_tokens, r0 + kQueryRowsPerTask);
-    float scores[kPageTokens];
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t last = static_cast<int64_t>(s.start_pos) + r;  // attends to [0, last]
-      const int64_t row = s.row_begin + r;
+    const int64_t rows = std::min<int64_t>(s.num_tokens, r0 + kQueryRowsPerTask) - r0;
+    const int64_t nq = rows * group;  // query vectors: row-major over (row, head in group)
+
+    thread_local std::vector<float> queries, acc, scores;
+    thread_local std::vector<OnlineSoftmax> state;
+    queries.resize(static_cast<size_t>(nq * hd));
+    acc.assign(static_cast<size_t>(nq * hd), 0.0f);
+    scores.resize(static_cast<size_t>(nq * kPageTokens));
+    state.assign(static_cast<size_t>(nq), OnlineSoftmax{});
+    for (int64_t r = 0; r < rows; ++r)
       for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = kvh * group + g;
-        const float* qv = q + (row * nh + h) * hd;
-        float* o = out + (row * nh + h) * hd;
-        std::fill(o, o + hd, 0.0f);
-        OnlineSoftmax state;
-        for (int64_t page_index = 0; page_index * kPageTokens <= last; ++page_index) {
-          const int32_t page = s.page_table[page_index];
-          const float* keys = kv.key_page(layer, page) + kvh * hd;
-          const float* values = kv.value_page(layer, page) + kvh * hd;
-          const int64_t count = std::min<int64_t>(kPageTokens, last - page_index * kPageTokens + 1);
-          float page_max = -std::numeric_limits<float>::infinity();
-          for (int64_t t = 0; t < count; ++t) {
-            scores[t] = kernels.dot(qv, keys + t * kv_row, hd) * shape.scale;
-            page_max = std::max(page_max, scores[t]);
-          }
-          const float new_max = std::max(state.max, page_max);
-          const float rescale = std::exp(state.max - new_max);  // 0 on the first page
-          state.sum *= rescale;
-          kernels.scale(o, rescale, hd);
-          for (int64_t t = 0; t < count; ++t) {
-            const float p = std::exp(scores[t] - new_max);
-            state.sum += p;
-            kernels.scale_add(o, values + t * kv_row, p, hd);
-          }
-          state.max = new_max;
-        }
-        kernels.scale(o, 1.0f / state.sum, hd);
+        const float* src = q + ((s.row_begin + r0 + r) * nh + kvh * group + g) * hd;
+        float* dst = queries.data() + (r * group + g) * hd;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * shape.scale;
       }
+
+    const int64_t first_pos = static_cast<int64_t>(s.start_pos) + r0;  // position of the block's first row
+    const int64_t last_pos = first_pos + rows - 1;
+    for (int64_t page_index = 0; page_index * kPageTokens <= last_pos; ++page_index) {
+      const int64_t page_start = page_index * kPageTokens;
+      const int32_t page = s.page_table[page_index];
+      const float* keys = kv.key_page(layer, page) + kvh * hd;
+      const float* values = kv.value_page(layer, page) + kvh * hd;
+      const int64_t count = std::min<int64_t>(kPageTokens, last_pos - page_start + 1);
+      kernels.tile_f32(queries.data(), hd, nq, keys, kv_row * static_cast<int64_t>(sizeof(float)), count, hd,
+                       scores.data(), kPageTokens);
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t visible = std::min(count, first_pos + i / group - page_start + 1);  // causal mask
+        float* row_scores = scores.data() + i * kPageTokens;
+        OnlineSoftmax& st = state[static_cast<size_t>(i)];
+        float page_max = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < visible; ++t) page_max = std::max(page_max, row_scores[t]);
+        const float new_max = std::max(st.max, page_max);
+        const float rescale = std::exp(st.max - new_max);  // 0 on the first page
+        st.sum *= rescale;
+        if (rescale != 1.0f) kernels.scale(acc.data() + i * hd, rescale, hd);
+        if (visible > 0) st.sum += kernels.exp_shifted_sum(row_scores, visible, new_max);
+        for (int64_t t = std::max<int64_t>(visible, 0); t < count; ++t) row_scores[t] = 0.0f;
+        st.max = new_max;
+      }
+      kernels.gemm_accumulate(scores.data(), kPageTokens, nq, values, kv_row, hd, count, acc.data(), hd);
     }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = r * group + g;
+        float* dst = out + ((s.row_begin + r0 + r) * nh + kvh * group + g) * hd;
+        const float inv = 1.0f / state[static_cast<size_t>(i)].sum;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = acc[static_cast<size_t>(i * hd + d)] * inv;
+      }
   });
 }
 
