@@ -17,11 +17,12 @@ from ninfer.artifact import bf16_bits_to_f32, dequantize_q8_0, f32_to_bf16_bits,
 
 def _available_kernels() -> list[str]:
     names = ["scalar"]
-    try:
-        _core.set_cpu_kernels("avx2")
-        names.append("avx2")
-    except RuntimeError:
-        pass
+    for name in ("avx2", "avxvnni"):
+        try:
+            _core.set_cpu_kernels(name)
+            names.append(name)
+        except RuntimeError:  # not supported by this CPU
+            pass
     _core.set_cpu_kernels("auto")
     return names
 

@@ -44,11 +44,12 @@ struct CpuKernels {
 extern const CpuKernels kScalarKernels;
 #if NINFER_HAVE_AVX2_KERNELS
 extern const CpuKernels kAvx2Kernels;
+CpuKernels avxvnni_kernels();  // kAvx2Kernels with the AVX-VNNI int8 matmul
 #endif
 
-// The active table. Initially AVX2 when the CPU supports it and NINFER_CPU_KERNELS is not
-// "scalar"; `select_cpu_kernels` switches it ("auto", "scalar" or "avx2"; throws for a name
-// this build or CPU cannot run).
+// The active table. Initially the best the CPU supports (AVX-VNNI, else AVX2, else scalar)
+// unless NINFER_CPU_KERNELS names one; `select_cpu_kernels` switches it ("auto", "scalar",
+// "avx2" or "avxvnni"; throws for a name this build or CPU cannot run).
 const CpuKernels& cpu_kernels();
 void select_cpu_kernels(std::string_view name);
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cpu/avx2_helpers.h"
 #include "backends/cpu/float_convert.h"
 #include "backends/cpu/kernels.h"
 #include "common/dtype.h"
@@ -14,32 +15,7 @@ namespace ninfer::cpu {
 
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Prefetches the cache lines of [p, p + bytes) into L1. Prefetches never fault, so running past
-// the end of the weights is harmless; the address is formed as an integer for that reason.
-inline void prefetch_span(uintptr_t start, int64_t bytes) {
-  for (uintptr_t line = start & ~uintptr_t{63}; line < start + static_cast<uintptr_t>(bytes); line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
-}
-
-// Software prefetch of the weight rows a fixed distance ahead: rows of a few hundred bytes are
-// too short for the hardware prefetcher to lock on, and decode is bound by this stream.
-constexpr int64_t kPrefetchBytes = 32 * 1024;
-
-int64_t prefetch_distance_rows(int64_t w_row_bytes) {
-  return std::max<int64_t>(4, kPrefetchBytes / w_row_bytes / 4 * 4);
-}
-
-// The 4 rows starting at `row` when they lie inside this tile's n rows, else 0 (no prefetch).
-uintptr_t rows_ahead(const uint8_t* w, int64_t w_row_bytes, int64_t row, int64_t n) {
-  return row + 4 <= n ? reinterpret_cast<uintptr_t>(w + row * w_row_bytes) : 0;
-}
+using namespace avx2;
 
 // Loads 8 weights as float32, and converts one weight for the k % 8 tail.
 struct F32Weights {
@@ -110,12 +86,6 @@ void tile_float(const float* x, int64_t x_stride, int64_t m, const void* w, int6
   int64_t i = 0;
   for (; i + 2 <= m; i += 2) tile_rows<W, 2>(x + i * x_stride, x_stride, wb, w_row_bytes, n, k, y + i * ldy, ldy);
   for (; i < m; ++i) tile_rows<W, 1>(x + i * x_stride, x_stride, wb, w_row_bytes, n, k, y + i * ldy, ldy);
-}
-
-inline float q8_weight_scale(const uint8_t* block) {
-  uint16_t bits;
-  std::memcpy(&bits, block, 2);
-  return _cvtsh_ss(bits);
 }
 
 // Signed int8 dot product of 32 pairs as 8 int32 partial sums (maddubs needs one unsigned
