@@ -140,6 +140,30 @@ def test_full_sequence_logits_match_transformers(case):
     _assert_close(last[None], _hf_logits(model, ids)[-1:], f"{name} last row")
 
 
+def _kernel_sets() -> list[str]:
+    names = []
+    for name in ("scalar", "avx2", "avxvnni"):
+        try:
+            _core.set_cpu_kernels(name)
+            names.append(name)
+        except RuntimeError:  # not supported by this CPU
+            pass
+    _core.set_cpu_kernels("auto")
+    return names
+
+
+@pytest.mark.parametrize("kernels", _kernel_sets())
+def test_every_kernel_set_matches_transformers(case, kernels):
+    name, model, artifact = case
+    _core.set_cpu_kernels(kernels)
+    try:
+        runner = _core.ModelRunner(str(artifact), max_lanes=1, max_batch_tokens=128, threads=2)
+        ids = _tokens(5, 70)
+        _assert_close(runner.forward(0, 0, ids, all_logits=True), _hf_logits(model, ids), kernels)
+    finally:
+        _core.set_cpu_kernels("auto")
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 7, 64, 150])
 def test_chunked_prefill_equals_one_shot(case, chunk):
     name, _, artifact = case

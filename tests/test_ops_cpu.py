@@ -17,11 +17,12 @@ from ninfer.artifact import bf16_bits_to_f32, dequantize_q8_0, f32_to_bf16_bits,
 
 def _available_kernels() -> list[str]:
     names = ["scalar"]
-    try:
-        _core.set_cpu_kernels("avx2")
-        names.append("avx2")
-    except RuntimeError:
-        pass
+    for name in ("avx2", "avxvnni"):
+        try:
+            _core.set_cpu_kernels(name)
+            names.append(name)
+        except RuntimeError:  # not supported by this CPU
+            pass
     _core.set_cpu_kernels("auto")
     return names
 
@@ -320,3 +321,27 @@ def test_paged_attention_rejects_short_page_table(rng):
         _core.paged_attention(
             randn(rng, 1, 1, 8), [k], [k], [(64, 1, [0])], 4, 1.0, poisoned(1, 1, 8)
         )
+
+
+@pytest.mark.parametrize("threads", [3, 8])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 1), (6, 2)])
+def test_paged_attention_split_over_pages_matches_dense(kernels, rng, threads, heads, kv_heads):
+    """Few long sequences: pages are split across threads and partial softmaxes merged."""
+    head_dim, num_pages = 32, 24
+    layout = [(300, 1), (130, 2), (0, 1)]  # long decode, short decode crossing a page, fresh
+    free = rng.permutation(num_pages).tolist()
+    slices, keys, values, qs, refs = [], [], [], [], []
+    for start, count in layout:
+        pages = [free.pop() for _ in range(-(-(start + count) // 64))]
+        k = randn(rng, start + count, kv_heads, head_dim)
+        v = randn(rng, start + count, kv_heads, head_dim)
+        q = randn(rng, count, heads, head_dim) * 3
+        slices.append((start, count, pages))
+        keys.append(k)
+        values.append(v)
+        qs.append(q)
+        refs.append(_attention_reference(q, (k, v), start, 0.2))
+    q_all = np.ascontiguousarray(np.concatenate(qs))
+    out = poisoned(*q_all.shape)
+    _core.paged_attention(q_all, keys, values, slices, num_pages, 0.2, out, threads=threads)
+    np.testing.assert_allclose(out, np.concatenate(refs), rtol=2e-5, atol=2e-5)

@@ -86,6 +86,13 @@ class Backend {
   virtual void copy_from_host(float* dst, const float* src, int64_t elements) = 0;
   virtual void copy_to_host(float* dst, const float* src, int64_t elements) = 0;
   virtual void synchronize() = 0;
+  // Attaches page storage in this backend's memory to the pool unless it has some already;
+  // throws if the pool's storage lives elsewhere. Models call it once at load; kv_write and
+  // attention call it too, so a pool built by hand works as well.
+  virtual void bind_kv(KvPool& kv) = 0;
+  // A [rows, cols] weight of seeded pseudo-random values, uniform in [-scale, scale], made in
+  // backend memory (benchmarks of real shapes without a weight file). Optional.
+  virtual Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale);
 
   // --- ops (all array arguments are backend memory unless marked host) ---------------
   // y[m, w.rows] = x[m, w.cols] · w^T (+ bias[w.rows] when bias is non-null).
@@ -126,5 +133,12 @@ class Backend {
 
 // The CPU backend; threads = 0 uses every core.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+// The CUDA backend on device `device` (builds with NINFER_WITH_CUDA only; throws when the
+// device is missing).
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+// The backend a device string names: "cpu", "cuda" or "cuda:N".
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads);
 
 }  // namespace ninfer

@@ -23,7 +23,8 @@ namespace {
 
 class ModelRunner {
  public:
-  ModelRunner(const std::string& path, int max_lanes, int max_batch_tokens, int threads, int max_context)
+  ModelRunner(const std::string& path, int max_lanes, int max_batch_tokens, int threads, int max_context,
+              const std::string& device, int64_t random_weights_seed)
       : artifact_(Artifact::open(path)), max_context_(max_context) {
     if (max_lanes <= 0 || max_batch_tokens <= 0 || max_context <= 0)
       throw py::value_error("max_lanes, max_batch_tokens and max_context must be positive");
@@ -34,6 +35,8 @@ class ModelRunner {
     options.max_lanes = max_lanes;
     options.max_batch_tokens = max_batch_tokens;
     options.threads = threads;
+    options.device = device;
+    options.random_weights_seed = random_weights_seed;
     model_ = load_model(*artifact_, *kv_, options);
     lanes_.resize(static_cast<size_t>(max_lanes));
   }
@@ -94,16 +97,41 @@ class ModelRunner {
 
   void reset(int lane) {
     Lane& state = lane_at(lane);
-    kv_->release(state.pages);
+    for (const auto& other : lanes_)
+      if (&other != &state && other.borrowed_from == lane)
+        throw py::value_error("lane " + std::to_string(lane) + " lends pages to another lane; reset that one first");
+    kv_->release(std::vector<int32_t>(state.pages.begin() + state.borrowed_pages, state.pages.end()));
     state.pages.clear();
     state.length = 0;
+    state.borrowed_pages = 0;
+    state.borrowed_from = -1;
     model_->reset_lane(lane);
+  }
+
+  // Makes empty lane `dst` start with the first `length` cached tokens of lane `src` by
+  // pointing at the same pages (no copy). `length` must be a whole number of pages, so later
+  // writes of `dst` go to pages of its own. For benchmarks of many long sequences.
+  void share_prefix(int src, int dst, int64_t length) {
+    Lane& from = lane_at(src);
+    Lane& to = lane_at(dst);
+    if (src == dst || to.length != 0 || !to.pages.empty())
+      throw py::value_error("share_prefix needs two different lanes, the destination empty");
+    if (length <= 0 || length % kPageTokens != 0 || length > from.length)
+      throw py::value_error("share_prefix: length must be a positive multiple of " + std::to_string(kPageTokens) +
+                            " not above the source's " + std::to_string(from.length) + " tokens");
+    const int64_t pages = length / kPageTokens;
+    to.pages.assign(from.pages.begin(), from.pages.begin() + pages);
+    to.borrowed_pages = pages;
+    to.borrowed_from = src;
+    to.length = length;
   }
 
  private:
   struct Lane {
     std::vector<int32_t> pages;
     int64_t length = 0;
+    int64_t borrowed_pages = 0;  // leading pages owned by lane `borrowed_from` (share_prefix)
+    int borrowed_from = -1;
   };
 
   Lane& lane_at(int lane) {
@@ -139,8 +167,9 @@ py::dict info_dict(const ModelInfo& i) {
 
 void bind_model_runner(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
-      .def(py::init<const std::string&, int, int, int, int>(), py::arg("artifact_path"), py::arg("max_lanes") = 1,
-           py::arg("max_batch_tokens") = 512, py::arg("threads") = 0, py::arg("max_context") = 2048)
+      .def(py::init<const std::string&, int, int, int, int, const std::string&, int64_t>(), py::arg("artifact_path"),
+           py::arg("max_lanes") = 1, py::arg("max_batch_tokens") = 512, py::arg("threads") = 0,
+           py::arg("max_context") = 2048, py::arg("device") = "cpu", py::arg("random_weights_seed") = -1)
       .def_property_readonly("info", [](const ModelRunner& r) { return info_dict(r.info()); })
       .def("forward", &ModelRunner::forward, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
            py::arg("all_logits") = false,
@@ -148,7 +177,9 @@ void bind_model_runner(py::module_& m) {
            "(or [len(tokens), vocab] with all_logits).")
       .def("forward_batch", &ModelRunner::forward_batch, py::arg("slices"), py::arg("all_logits") = false,
            "slices: [(lane, start_pos, tokens)] in one plan; returns logits rows in slice order.")
-      .def("reset", &ModelRunner::reset, py::arg("lane"));
+      .def("reset", &ModelRunner::reset, py::arg("lane"))
+      .def("share_prefix", &ModelRunner::share_prefix, py::arg("src"), py::arg("dst"), py::arg("length"),
+           "Lane dst starts with src's first `length` tokens (a multiple of 64) on shared pages.");
 }
 
 }  // namespace ninfer::bindings

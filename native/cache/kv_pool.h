@@ -1,20 +1,35 @@
 // Paged KV storage shared by all lanes: fixed 64-token pages allocated from a free list.
 //
-// Layout of page p for layer l (float32 on the CPU backend):
-//   K: [kPageTokens][num_kv_heads][head_dim] at key_page(l, p)
-//   V: same shape at value_page(l, p)
+// Layout of page p for layer l, in elements of the storage's dtype:
+//   K: [kPageTokens][num_kv_heads][head_dim] at element page_offset(l, p, 0)
+//   V: same shape at element page_offset(l, p, 1)
 // A lane's page table lists page ids in position order; token t lives in page
 // table[t / kPageTokens], row t % kPageTokens.
+//
+// The pool does the page bookkeeping; the memory itself belongs to the backend that runs the
+// model (host float32 for the CPU backend, device bf16 for the CUDA backend), which attaches
+// it through Backend::bind_kv before the first KV write.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
+
+#include "common/dtype.h"
 
 namespace ninfer {
 
 inline constexpr int kPageTokens = 64;
+
+// Memory holding every page of every layer; `device` names where it lives ("cpu", "cuda:0").
+struct KvStorage {
+  std::shared_ptr<void> memory;
+  DType dtype = DType::F32;
+  std::string device = "cpu";
+};
 
 class KvPool {
  public:
@@ -26,21 +41,31 @@ class KvPool {
   int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
   int64_t page_elems() const { return kPageTokens * num_kv_heads_ * head_dim_; }
+  // Elements of the whole storage (all layers, K and V).
+  int64_t storage_elems() const { return num_pages_ * num_layers_ * 2 * page_elems(); }
 
   // Takes `count` pages, or none when fewer are free.
   std::optional<std::vector<int32_t>> allocate(int64_t count);
   void release(const std::vector<int32_t>& pages);
 
-  float* key_page(int64_t layer, int32_t page) { return page_ptr(layer, page, 0); }
-  float* value_page(int64_t layer, int32_t page) { return page_ptr(layer, page, 1); }
-
- private:
-  float* page_ptr(int64_t layer, int32_t page, int which) {
-    return storage_.data() + ((layer * num_pages_ + page) * 2 + which) * page_elems();
+  // --- storage ---------------------------------------------------------------------------
+  bool has_storage() const { return storage_.memory != nullptr; }
+  const KvStorage& storage() const { return storage_; }
+  // Attaches the page memory (storage_elems() elements of storage.dtype); once only.
+  void attach_storage(KvStorage storage);
+  // Element offset of layer `layer`, page `page`, K (which = 0) or V (which = 1).
+  int64_t page_offset(int64_t layer, int64_t page, int which) const {
+    return ((layer * num_pages_ + page) * 2 + which) * page_elems();
   }
 
+  // Host float32 storage only (the CPU backend's).
+  float* key_page(int64_t layer, int32_t page) { return host_f32_ + page_offset(layer, page, 0); }
+  float* value_page(int64_t layer, int32_t page) { return host_f32_ + page_offset(layer, page, 1); }
+
+ private:
   int64_t num_pages_, num_layers_, num_kv_heads_, head_dim_;
-  std::vector<float> storage_;
+  KvStorage storage_;
+  float* host_f32_ = nullptr;  // storage_.memory when it is host float32
   std::vector<int32_t> free_list_;
 };
 

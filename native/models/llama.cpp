@@ -1,6 +1,7 @@
 #include "models/llama.h"
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -74,13 +75,12 @@ class LlamaModel final : public Model {
   LlamaModel(const Artifact& artifact, KvPool& kv, const ModelOptions& options)
       : cfg_(read_config(artifact)), info_(describe(artifact, cfg_)), rope_(artifact.config()), kv_(kv),
         options_(options), artifact_(artifact) {
-    if (options.device != "cpu")
-      throw std::runtime_error("device '" + options.device + "' is not available in this build (only cpu)");
     if (options.max_batch_tokens <= 0 || options.max_lanes <= 0)
       throw std::runtime_error("max_batch_tokens and max_lanes must be positive");
     if (kv.num_layers() != cfg_.layers || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
       throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
-    backend_ = make_cpu_backend(options.threads);
+    backend_ = make_backend(options.device, options.threads);
+    backend_->bind_kv(kv_);
     load_weights();
     allocate_activations();
     if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
@@ -96,7 +96,14 @@ class LlamaModel final : public Model {
     Weight q, k, v, o, gate, up, down;
   };
 
+  bool random_weights() const { return options_.random_weights_seed >= 0; }
+
   Weight matrix(const std::string& name, int64_t rows, int64_t cols) {
+    if (random_weights()) {
+      // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
+      const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
+      return backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+    }
     const TensorView& t = artifact_.tensor(name);
     if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
       throw std::runtime_error("tensor '" + name + "' should have shape [" + std::to_string(rows) + ", " +
@@ -104,6 +111,13 @@ class LlamaModel final : public Model {
     return backend_->upload_weight(t);
   }
   Buffer vector(const std::string& name, int64_t size, bool required = true) {
+    if (random_weights()) {  // norm weights are 1, optional tensors (biases) absent
+      if (!required) return {};
+      Buffer ones = backend_->alloc(size);
+      const std::vector<float> host(static_cast<size_t>(size), 1.0f);
+      backend_->copy_from_host(ones.data(), host.data(), size);
+      return ones;
+    }
     const TensorView* t = artifact_.find(name);
     if (!t) {
       if (required) throw std::runtime_error("artifact lacks tensor '" + name + "'");
@@ -138,7 +152,9 @@ class LlamaModel final : public Model {
 void LlamaModel::load_weights() {
   const int64_t h = cfg_.hidden, qd = cfg_.heads * cfg_.head_dim, kvd = cfg_.kv_heads * cfg_.head_dim;
   embed_ = matrix("model.embed_tokens.weight", cfg_.vocab, h);
-  lm_head_ = artifact_.find("lm_head.weight") ? matrix("lm_head.weight", cfg_.vocab, h) : embed_;
+  const bool untied = random_weights() ? !artifact_.config().get_bool("tie_word_embeddings", false)
+                                       : artifact_.find("lm_head.weight") != nullptr;
+  lm_head_ = untied ? matrix("lm_head.weight", cfg_.vocab, h) : embed_;
   final_norm_ = vector("model.norm.weight", h);
   layers_.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t i = 0; i < cfg_.layers; ++i) {

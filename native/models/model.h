@@ -73,6 +73,10 @@ struct ModelOptions {
   int max_batch_tokens = 512;      // largest BatchPlan::tokens.size() the engine will send
   int threads = 0;                 // CPU worker threads; 0 = all cores
   std::string device = "cpu";      // "cpu" or "cuda[:N]"
+  // When >= 0, no weight is read from the artifact (only its header): every weight is made by
+  // the backend as seeded random values and every norm weight is 1. For benchmarks of real
+  // shapes without a weight file; the backend must implement Backend::random_weight.
+  int64_t random_weights_seed = -1;
 };
 
 // Builds the model the artifact's architecture names. Throws std::runtime_error with a clear

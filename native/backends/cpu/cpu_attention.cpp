@@ -2,10 +2,13 @@
 //
 // Each query row keeps an online-softmax state (running max, running sum, weighted value
 // sum) and folds in one 64-token page at a time, so no score matrix is ever materialized.
+// When a step has fewer (sequence, kv head, row block) tasks than threads (decode of long
+// sequences), each task's pages are split into ranges whose partial states are merged after.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -29,16 +32,21 @@ void check_slice(const AttentionSlice& s, const KvPool& kv) {
       throw std::out_of_range("page id " + std::to_string(s.page_table[p]) + " is outside the KV pool");
 }
 
-// Softmax state of one query row and head: out = acc / sum, scores relative to max.
-struct OnlineSoftmax {
-  float max = -std::numeric_limits<float>::infinity();
-  float sum = 0.0f;
-};
-
 }  // namespace
+
+void CpuBackend::bind_kv(KvPool& kv) {
+  if (!kv.has_storage()) {
+    const auto elems = static_cast<size_t>(kv.storage_elems());
+    kv.attach_storage({std::shared_ptr<void>(new float[elems](), std::default_delete<float[]>()), DType::F32, "cpu"});
+  } else if (kv.storage().device != "cpu" || kv.storage().dtype != DType::F32) {
+    throw std::invalid_argument("the KV pool's storage is " + std::string(dtype_name(kv.storage().dtype)) + " on " +
+                                kv.storage().device + "; the CPU backend needs f32 on cpu");
+  }
+}
 
 void CpuBackend::kv_write(KvPool& kv, int64_t layer, const float* k, const float* v,
                           std::span<const AttentionSlice> slices) {
+  bind_kv(kv);
   const int64_t row = kv.num_kv_heads() * kv.head_dim();
   for (const auto& s : slices) {
     check_slice(s, kv);
@@ -53,63 +61,161 @@ void CpuBackend::kv_write(KvPool& kv, int64_t layer, const float* k, const float
   }
 }
 
+namespace {
+
+// One unit of attention work: a block of query rows of one slice and kv head, over a range
+// of its pages. Results stay unnormalized (acc, max, sum) until every range is folded in.
+struct AttentionWork {
+  size_t slice;
+  int64_t kv_head, row0, rows, page_begin, page_end;
+};
+
+struct AttentionContext {
+  KvPool& kv;
+  int64_t layer, group, head_dim, num_heads, kv_row;
+  float scale;
+  const float* q;
+  const CpuKernels& kernels;
+};
+
+// Folds pages [page_begin, page_end) into acc [nq, head_dim] and state [nq], where the nq
+// query vectors are the work's rows times the kv head's query heads.
+void attend(const AttentionContext& c, const AttentionSlice& s, const AttentionWork& w, float* acc,
+            OnlineSoftmax* state) {
+  const int64_t hd = c.head_dim, group = c.group, nq = w.rows * group;
+  thread_local std::vector<float> queries, scores;
+  queries.resize(static_cast<size_t>(nq * hd));
+  scores.resize(static_cast<size_t>(nq * kPageTokens));
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t g = 0; g < group; ++g) {
+      const float* src = c.q + ((s.row_begin + w.row0 + r) * c.num_heads + w.kv_head * group + g) * hd;
+      float* dst = queries.data() + (r * group + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * c.scale;
+    }
+  std::fill(acc, acc + nq * hd, 0.0f);
+  std::fill(state, state + nq, OnlineSoftmax{});
+  const int64_t first_pos = static_cast<int64_t>(s.start_pos) + w.row0;  // position of the first row
+  const int64_t last_pos = first_pos + w.rows - 1;
+  for (int64_t page_index = w.page_begin; page_index < w.page_end; ++page_index) {
+    const int64_t page_start = page_index * kPageTokens;
+    const int32_t page = s.page_table[page_index];
+    const float* keys = c.kv.key_page(c.layer, page) + w.kv_head * hd;
+    const float* values = c.kv.value_page(c.layer, page) + w.kv_head * hd;
+    const int64_t count = std::min<int64_t>(kPageTokens, last_pos - page_start + 1);
+    c.kernels.tile_f32(queries.data(), hd, nq, keys, c.kv_row * static_cast<int64_t>(sizeof(float)), count, hd,
+                       scores.data(), kPageTokens);
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t visible = std::min(count, first_pos + i / group - page_start + 1);  // causal mask
+      float* row_scores = scores.data() + i * kPageTokens;
+      OnlineSoftmax& st = state[i];
+      if (visible > 0) {
+        float page_max = row_scores[0];
+        for (int64_t t = 1; t < visible; ++t) page_max = std::max(page_max, row_scores[t]);
+        const float new_max = std::max(st.max, page_max);
+        const float rescale = std::exp(st.max - new_max);  // 0 while nothing was seen yet
+        st.sum *= rescale;
+        if (rescale != 1.0f) c.kernels.scale(acc + i * hd, rescale, hd);
+        st.sum += c.kernels.exp_shifted_sum(row_scores, visible, new_max);
+        st.max = new_max;
+      }
+      std::fill(row_scores + std::max<int64_t>(visible, 0), row_scores + count, 0.0f);
+    }
+    c.kernels.gemm_accumulate(scores.data(), kPageTokens, nq, values, c.kv_row, hd, count, acc, hd);
+  }
+}
+
+// Writes acc / sum of each query vector to its place in out [rows, num_heads, head_dim].
+void store(const AttentionContext& c, const AttentionSlice& s, const AttentionWork& w, const float* acc,
+           const OnlineSoftmax* state, float* out) {
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t g = 0; g < c.group; ++g) {
+      const int64_t i = r * c.group + g;
+      float* dst = out + ((s.row_begin + w.row0 + r) * c.num_heads + w.kv_head * c.group + g) * c.head_dim;
+      const float inv = 1.0f / state[i].sum;
+      for (int64_t d = 0; d < c.head_dim; ++d) dst[d] = acc[i * c.head_dim + d] * inv;
+    }
+}
+
+}  // namespace
+
 void CpuBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span<const AttentionSlice> slices,
                            const AttentionShape& shape, float* out) {
+  bind_kv(kv);
   const int64_t hd = shape.head_dim, nh = shape.num_heads, nkv = shape.num_kv_heads;
   if (nkv <= 0 || nh % nkv != 0 || hd != kv.head_dim() || nkv != kv.num_kv_heads())
     throw std::invalid_argument("attention: head counts/dims do not match the KV pool");
   for (const auto& s : slices) check_slice(s, kv);
-  const int64_t group = nh / nkv;
-  const int64_t kv_row = nkv * hd;
+  const AttentionContext ctx{kv, layer, nh / nkv, hd, nh, nkv * hd, shape.scale, q, cpu_kernels()};
 
-  // Tasks: (slice, kv head, block of query rows).
-  std::vector<int64_t> first_task(slices.size() + 1, 0);
-  for (size_t i = 0; i < slices.size(); ++i)
-    first_task[i + 1] = first_task[i] + nkv * ((slices[i].num_tokens + kQueryRowsPerTask - 1) / kQueryRowsPerTask);
-  const CpuKernels& kernels = cpu_kernels();
-
-  pool_.parallel_for(first_task.back(), [&](int64_t task) {
-    const size_t si = static_cast<size_t>(std::upper_bound(first_task.begin(), first_task.end(), task) -
-                                          first_task.begin() - 1);
+  // Blocks of query rows; all query heads of a kv head and all rows of a block meet each page
+  // together, so scores are one small GEMM against the page's keys and the value update another.
+  std::vector<AttentionWork> blocks;
+  int64_t max_pages = 0;
+  for (size_t si = 0; si < slices.size(); ++si) {
     const AttentionSlice& s = slices[si];
-    const int64_t local = task - first_task[si];
-    const int64_t kvh = local % nkv;
-    const int64_t r0 = (local / nkv) * kQueryRowsPerTask;
-    const int64_t r1 = std::min<int64_t>(s.num_tokens, r0 + kQueryRowsPerTask);
-    float scores[kPageTokens];
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t last = static_cast<int64_t>(s.start_pos) + r;  // attends to [0, last]
-      const int64_t row = s.row_begin + r;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = kvh * group + g;
-        const float* qv = q + (row * nh + h) * hd;
-        float* o = out + (row * nh + h) * hd;
-        std::fill(o, o + hd, 0.0f);
-        OnlineSoftmax state;
-        for (int64_t page_index = 0; page_index * kPageTokens <= last; ++page_index) {
-          const int32_t page = s.page_table[page_index];
-          const float* keys = kv.key_page(layer, page) + kvh * hd;
-          const float* values = kv.value_page(layer, page) + kvh * hd;
-          const int64_t count = std::min<int64_t>(kPageTokens, last - page_index * kPageTokens + 1);
-          float page_max = -std::numeric_limits<float>::infinity();
-          for (int64_t t = 0; t < count; ++t) {
-            scores[t] = kernels.dot(qv, keys + t * kv_row, hd) * shape.scale;
-            page_max = std::max(page_max, scores[t]);
-          }
-          const float new_max = std::max(state.max, page_max);
-          const float rescale = std::exp(state.max - new_max);  // 0 on the first page
-          state.sum *= rescale;
-          kernels.scale(o, rescale, hd);
-          for (int64_t t = 0; t < count; ++t) {
-            const float p = std::exp(scores[t] - new_max);
-            state.sum += p;
-            kernels.scale_add(o, values + t * kv_row, p, hd);
-          }
-          state.max = new_max;
-        }
-        kernels.scale(o, 1.0f / state.sum, hd);
-      }
+    for (int64_t r0 = 0; r0 < s.num_tokens; r0 += kQueryRowsPerTask) {
+      const int64_t rows = std::min<int64_t>(kQueryRowsPerTask, s.num_tokens - r0);
+      const int64_t pages = (static_cast<int64_t>(s.start_pos) + r0 + rows - 1) / kPageTokens + 1;
+      max_pages = std::max(max_pages, pages);
+      for (int64_t h = 0; h < nkv; ++h) blocks.push_back({si, h, r0, rows, 0, pages});
     }
+  }
+  const auto block_count = static_cast<int64_t>(blocks.size());
+  const int64_t splits =
+      std::clamp<int64_t>((2 * pool_.size() + block_count - 1) / std::max<int64_t>(block_count, 1), 1,
+                          std::max<int64_t>(max_pages, 1));
+  if (splits == 1) {
+    pool_.parallel_for(block_count, [&](int64_t b) {
+      const AttentionWork& w = blocks[static_cast<size_t>(b)];
+      thread_local std::vector<float> acc;
+      thread_local std::vector<OnlineSoftmax> state;
+      acc.resize(static_cast<size_t>(w.rows * ctx.group * hd));
+      state.resize(static_cast<size_t>(w.rows * ctx.group));
+      attend(ctx, slices[w.slice], w, acc.data(), state.data());
+      store(ctx, slices[w.slice], w, acc.data(), state.data(), out);
+    });
+    return;
+  }
+
+  // Split every block's pages into `splits` ranges; partial states land in per-range slots.
+  const int64_t max_q = kQueryRowsPerTask * ctx.group;
+  partial_acc_.resize(static_cast<size_t>(block_count * splits * max_q * hd));
+  partial_state_.resize(static_cast<size_t>(block_count * splits * max_q));
+  const auto range_of = [&](const AttentionWork& w, int64_t part) {
+    const int64_t per = (w.page_end + splits - 1) / splits;
+    AttentionWork piece = w;
+    piece.page_begin = std::min(w.page_end, part * per);
+    piece.page_end = std::min(w.page_end, (part + 1) * per);
+    return piece;
+  };
+  pool_.parallel_for(block_count * splits, [&](int64_t task) {
+    const AttentionWork piece = range_of(blocks[static_cast<size_t>(task / splits)], task % splits);
+    attend(ctx, slices[piece.slice], piece, partial_acc_.data() + task * max_q * hd,
+           partial_state_.data() + task * max_q);  // an empty range leaves max = -inf, sum = 0
+  });
+  pool_.parallel_for(block_count, [&](int64_t b) {
+    const AttentionWork& w = blocks[static_cast<size_t>(b)];
+    const int64_t nq = w.rows * ctx.group;
+    float* acc = partial_acc_.data() + b * splits * max_q * hd;  // merged into range 0's slot
+    OnlineSoftmax* state = partial_state_.data() + b * splits * max_q;
+    for (int64_t i = 0; i < nq; ++i) {
+      float merged_max = state[i].max;
+      for (int64_t part = 1; part < splits; ++part) merged_max = std::max(merged_max, state[part * max_q + i].max);
+      float sum = 0.0f;
+      for (int64_t part = 0; part < splits; ++part) {
+        const OnlineSoftmax& st = state[part * max_q + i];
+        if (st.sum == 0.0f) continue;  // the range held no visible keys for this query
+        const float weight = std::exp(st.max - merged_max);
+        sum += st.sum * weight;
+        float* part_acc = acc + (part * max_q + i) * hd;
+        if (part == 0)
+          ctx.kernels.scale(part_acc, weight, hd);
+        else
+          ctx.kernels.scale_add(acc + i * hd, part_acc, weight, hd);
+      }
+      state[i].sum = sum;
+    }
+    store(ctx, slices[w.slice], w, acc, state, out);
   });
 }
 

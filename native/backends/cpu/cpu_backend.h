@@ -2,6 +2,7 @@
 // in place from the artifact mapping, work spread over a persistent thread pool.
 #pragma once
 
+#include <limits>
 #include <vector>
 
 #include "backends/backend.h"
@@ -9,6 +10,12 @@
 #include "common/thread_pool.h"
 
 namespace ninfer::cpu {
+
+// Softmax state of one query vector: its output is acc / sum, with scores taken relative to max.
+struct OnlineSoftmax {
+  float max = -std::numeric_limits<float>::infinity();
+  float sum = 0.0f;
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -23,6 +30,7 @@ class CpuBackend final : public Backend {
   void copy_from_host(float* dst, const float* src, int64_t elements) override;
   void copy_to_host(float* dst, const float* src, int64_t elements) override;
   void synchronize() override {}
+  void bind_kv(KvPool& kv) override;
 
   void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
   void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
@@ -44,6 +52,8 @@ class CpuBackend final : public Backend {
  private:
   ThreadPool pool_;
   std::vector<BlockQ8Act> quantized_x_;  // scratch: activation rows quantized for q8_0 matmuls
+  std::vector<float> partial_acc_;        // scratch: attention over split page ranges
+  std::vector<OnlineSoftmax> partial_state_;
 };
 
 }  // namespace ninfer::cpu

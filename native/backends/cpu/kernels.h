@@ -31,6 +31,11 @@ struct CpuKernels {
   MatmulTileF32 tile_bf16;
   MatmulTileQ8 tile_q8_0;
   void (*quantize_row_q8)(const float* x, int64_t k, BlockQ8Act* out);  // k % 32 == 0
+  // c[i * ldc + j] += sum_t a[i * lda + t] * b[t * ldb + j] for i < m, j < n, t < k.
+  void (*gemm_accumulate)(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
+                          int64_t k, float* c, int64_t ldc);
+  // x[i] = exp(x[i] - shift) for i < n (inputs <= shift); returns the sum of the results.
+  float (*exp_shifted_sum)(float* x, int64_t n, float shift);
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*scale_add)(float* y, const float* x, float a, int64_t n);  // y = y + a * x
   void (*scale)(float* y, float a, int64_t n);                      // y = a * y
@@ -39,11 +44,12 @@ struct CpuKernels {
 extern const CpuKernels kScalarKernels;
 #if NINFER_HAVE_AVX2_KERNELS
 extern const CpuKernels kAvx2Kernels;
+CpuKernels avxvnni_kernels();  // kAvx2Kernels with the AVX-VNNI int8 matmul
 #endif
 
-// The active table. Initially AVX2 when the CPU supports it and NINFER_CPU_KERNELS is not
-// "scalar"; `select_cpu_kernels` switches it ("auto", "scalar" or "avx2"; throws for a name
-// this build or CPU cannot run).
+// The active table. Initially the best the CPU supports (AVX-VNNI, else AVX2, else scalar)
+// unless NINFER_CPU_KERNELS names one; `select_cpu_kernels` switches it ("auto", "scalar",
+// "avx2" or "avxvnni"; throws for a name this build or CPU cannot run).
 const CpuKernels& cpu_kernels();
 void select_cpu_kernels(std::string_view name);
 

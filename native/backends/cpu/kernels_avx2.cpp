@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cpu/avx2_helpers.h"
 #include "backends/cpu/float_convert.h"
 #include "backends/cpu/kernels.h"
 #include "common/dtype.h"
@@ -14,32 +15,7 @@ namespace ninfer::cpu {
 
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Prefetches the cache lines of [p, p + bytes) into L1. Prefetches never fault, so running past
-// the end of the weights is harmless; the address is formed as an integer for that reason.
-inline void prefetch_span(uintptr_t start, int64_t bytes) {
-  for (uintptr_t line = start & ~uintptr_t{63}; line < start + static_cast<uintptr_t>(bytes); line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
-}
-
-// Software prefetch of the weight rows a fixed distance ahead: rows of a few hundred bytes are
-// too short for the hardware prefetcher to lock on, and decode is bound by this stream.
-constexpr int64_t kPrefetchBytes = 32 * 1024;
-
-int64_t prefetch_distance_rows(int64_t w_row_bytes) {
-  return std::max<int64_t>(4, kPrefetchBytes / w_row_bytes / 4 * 4);
-}
-
-// The 4 rows starting at `row` when they lie inside this tile's n rows, else 0 (no prefetch).
-uintptr_t rows_ahead(const uint8_t* w, int64_t w_row_bytes, int64_t row, int64_t n) {
-  return row + 4 <= n ? reinterpret_cast<uintptr_t>(w + row * w_row_bytes) : 0;
-}
+using namespace avx2;
 
 // Loads 8 weights as float32, and converts one weight for the k % 8 tail.
 struct F32Weights {
@@ -110,12 +86,6 @@ void tile_float(const float* x, int64_t x_stride, int64_t m, const void* w, int6
   int64_t i = 0;
   for (; i + 2 <= m; i += 2) tile_rows<W, 2>(x + i * x_stride, x_stride, wb, w_row_bytes, n, k, y + i * ldy, ldy);
   for (; i < m; ++i) tile_rows<W, 1>(x + i * x_stride, x_stride, wb, w_row_bytes, n, k, y + i * ldy, ldy);
-}
-
-inline float q8_weight_scale(const uint8_t* block) {
-  uint16_t bits;
-  std::memcpy(&bits, block, 2);
-  return _cvtsh_ss(bits);
 }
 
 // Signed int8 dot product of 32 pairs as 8 int32 partial sums (maddubs needs one unsigned
@@ -203,6 +173,81 @@ void quantize_row_q8(const float* x, int64_t k, BlockQ8Act* out) {
   }
 }
 
+// R rows of c, columns [j, j + 8 * V), accumulated in registers over k.
+template <int R, int V>
+void gemm_block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, float* c, int64_t ldc) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_loadu_ps(c + r * ldc + 8 * v);
+  for (int64_t t = 0; t < k; ++t) {
+    __m256 bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = _mm256_loadu_ps(b + t * ldb + 8 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * lda + t);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
+}
+
+template <int R>
+void gemm_rows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n, int64_t k, float* c,
+               int64_t ldc) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) gemm_block<R, 2>(a, lda, b + j, ldb, k, c + j, ldc);
+  for (; j + 8 <= n; j += 8) gemm_block<R, 1>(a, lda, b + j, ldb, k, c + j, ldc);
+  for (; j < n; ++j)
+    for (int r = 0; r < R; ++r) {
+      float sum = c[r * ldc + j];
+      for (int64_t t = 0; t < k; ++t) sum += a[r * lda + t] * b[t * ldb + j];
+      c[r * ldc + j] = sum;
+    }
+}
+
+void gemm_accumulate(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n, int64_t k,
+                     float* c, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) gemm_rows<4>(a + i * lda, lda, b, ldb, n, k, c + i * ldc, ldc);
+  for (; i < m; ++i) gemm_rows<1>(a + i * lda, lda, b, ldb, n, k, c + i * ldc, ldc);
+}
+
+// exp(x) for x <= 0 to ~2 ulp: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial for
+// e^r, then n added to the exponent. Inputs below -87 flush towards zero.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 split in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+float exp_shifted_sum(float* x, int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum(acc);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -240,6 +285,8 @@ const CpuKernels kAvx2Kernels = {
     tile_float<BF16Weights>,
     tile_q8_0,
     quantize_row_q8,
+    gemm_accumulate,
+    exp_shifted_sum,
     dot,
     scale_add,
     scale,

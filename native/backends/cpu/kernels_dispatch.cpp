@@ -19,40 +19,59 @@ bool cpu_has_avx2() {
 #endif
 }
 
-const CpuKernels* best_kernels() {
+bool cpu_has_avxvnni() {
 #if NINFER_HAVE_AVX2_KERNELS
-  if (cpu_has_avx2()) return &kAvx2Kernels;
+  return cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+#else
+  return false;
 #endif
+}
+
+// Looks up a table by name; null when this build or CPU cannot run it.
+const CpuKernels* kernels_named(std::string_view name) {
+  if (name == "scalar") return &kScalarKernels;
+#if NINFER_HAVE_AVX2_KERNELS
+  if (name == "avx2" && cpu_has_avx2()) return &kAvx2Kernels;
+  if (name == "avxvnni" && cpu_has_avxvnni()) {
+    static const CpuKernels vnni = avxvnni_kernels();
+    return &vnni;
+  }
+#endif
+  return nullptr;
+}
+
+const CpuKernels* best_kernels() {
+  for (const char* name : {"avxvnni", "avx2"})
+    if (const CpuKernels* k = kernels_named(name)) return k;
   return &kScalarKernels;
 }
 
-const CpuKernels* initial_kernels() {
-  const char* forced = std::getenv("NINFER_CPU_KERNELS");
-  if (forced && std::string(forced) == "scalar") return &kScalarKernels;
-  return best_kernels();
-}
-
-std::atomic<const CpuKernels*> g_active{initial_kernels()};
+std::atomic<const CpuKernels*> g_active{nullptr};  // null until first use
 
 }  // namespace
 
-const CpuKernels& cpu_kernels() { return *g_active.load(std::memory_order_relaxed); }
+const CpuKernels& cpu_kernels() {
+  const CpuKernels* active = g_active.load(std::memory_order_acquire);
+  if (active) return *active;
+  const char* forced = std::getenv("NINFER_CPU_KERNELS");
+  const CpuKernels* chosen = forced ? kernels_named(forced) : nullptr;
+  if (!chosen) chosen = best_kernels();
+  const CpuKernels* expected = nullptr;
+  g_active.compare_exchange_strong(expected, chosen, std::memory_order_acq_rel);
+  return *g_active.load(std::memory_order_acquire);
+}
 
 void select_cpu_kernels(std::string_view name) {
   if (name == "auto") {
     g_active = best_kernels();
-  } else if (name == "scalar") {
-    g_active = &kScalarKernels;
-  } else if (name == "avx2") {
-    if (!cpu_has_avx2())
-      throw std::runtime_error("AVX2 kernels requested but this CPU or build lacks AVX2/FMA/F16C");
-#if NINFER_HAVE_AVX2_KERNELS
-    g_active = &kAvx2Kernels;
-#endif
-  } else {
-    throw std::invalid_argument("unknown CPU kernel set '" + std::string(name) +
-                                "' (expected auto, scalar or avx2)");
+    return;
   }
+  if (name != "scalar" && name != "avx2" && name != "avxvnni")
+    throw std::invalid_argument("unknown CPU kernel set '" + std::string(name) +
+                                "' (expected auto, scalar, avx2 or avxvnni)");
+  const CpuKernels* k = kernels_named(name);
+  if (!k) throw std::runtime_error("CPU kernel set '" + std::string(name) + "' is not supported by this CPU or build");
+  g_active = k;
 }
 
 }  // namespace ninfer::cpu

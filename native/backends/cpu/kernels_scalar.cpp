@@ -83,6 +83,24 @@ void quantize_row_q8(const float* x, int64_t k, BlockQ8Act* out) {
   }
 }
 
+void gemm_accumulate(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n, int64_t k,
+                     float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t t = 0; t < k; ++t) {
+      const float at = a[i * lda + t];
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] += at * b[t * ldb + j];
+    }
+}
+
+float exp_shifted_sum(float* x, int64_t n, float shift) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   return dot_with(a, [b](int64_t c) { return b[c]; }, n);
 }
@@ -98,7 +116,7 @@ void scale(float* y, float a, int64_t n) {
 }  // namespace
 
 const CpuKernels kScalarKernels = {
-    "scalar", tile_f32, tile_f16, tile_bf16, tile_q8_0, quantize_row_q8, dot, scale_add, scale,
+    "scalar", tile_f32, tile_f16, tile_bf16, tile_q8_0, quantize_row_q8, gemm_accumulate, exp_shifted_sum, dot, scale_add, scale,
 };
 
 }  // namespace ninfer::cpu

@@ -1,0 +1,135 @@
+// The CUDA implementation of the Backend op set for dense models on one device.
+//
+// Memory: weights live in one bump arena of large cudaMalloc chunks (uploaded once, every
+// format converted to bf16), the KV pool in one bf16 allocation (Backend::bind_kv), and
+// per-step scratch (bf16 copies of GEMM inputs, attention partials, step metadata) in
+// buffers that only grow. Activations stay float32, as the Backend contract has them.
+//
+// Per-step metadata arrives as host spans; each kind (tokens, positions, KV slots, the
+// attention plan, ...) is uploaded only when its bytes differ from the previous upload, so
+// the per-layer calls of one step upload it once.
+//
+// Matmul: bf16 weights, cuBLAS (resolved at run time) for larger m, a hand GEMV for m <= 16;
+// in auto mode the first call of each small shape times both and keeps the faster.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cuda/attention_plan.h"
+#include "backends/cuda/launchers.h"
+
+namespace ninfer::cuda {
+
+// CUDA devices visible to this process (0 without a driver or device).
+int device_count();
+
+// A device buffer that only grows (growing synchronizes the stream first).
+class DeviceScratch {
+ public:
+  DeviceScratch() = default;
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  ~DeviceScratch();
+  void* get(size_t bytes, cudaStream_t stream);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host metadata mirrored on the device; re-uploaded only when the bytes change.
+class MetadataSlot {
+ public:
+  const void* upload(const void* data, size_t bytes, cudaStream_t stream);
+  template <typename T>
+  const T* upload(std::span<const T> values, cudaStream_t stream) {
+    return static_cast<const T*>(upload(values.data(), values.size_bytes(), stream));
+  }
+
+ private:
+  std::vector<unsigned char> host_;
+  bool valid_ = false;
+  DeviceScratch device_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  enum class MatmulPath { Auto, Gemv, Cublas };
+  enum class AttentionPath { Auto, Decode, Prefill };
+
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+  Buffer alloc(int64_t elements) override;
+  Weight upload_weight(const TensorView& tensor) override;
+  Buffer upload_vector(const TensorView& tensor) override;
+  void copy_from_host(float* dst, const float* src, int64_t elements) override;
+  void copy_to_host(float* dst, const float* src, int64_t elements) override;
+  void synchronize() override;
+  void bind_kv(KvPool& kv) override;
+  Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
+
+  void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
+  void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
+  void embedding(const Weight& table, std::span<const int32_t> tokens, float* out) override;
+  void rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y) override;
+  void rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary_dim, std::span<const int32_t> positions,
+            std::span<const float> inv_freq, float attention_factor) override;
+  void kv_write(KvPool& kv, int64_t layer, const float* k, const float* v,
+                std::span<const AttentionSlice> slices) override;
+  void attention(KvPool& kv, int64_t layer, const float* q, std::span<const AttentionSlice> slices,
+                 const AttentionShape& shape, float* out) override;
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) override;
+
+  // Test/benchmark controls: force a matmul path, an attention kernel, or a split count
+  // (0 = automatic) for the split-KV kernel.
+  void set_matmul_path(MatmulPath path) { matmul_path_ = path; }
+  void set_attention_path(AttentionPath path) { attention_path_ = path; }
+  void set_decode_splits(int splits) { forced_splits_ = splits; }
+  bool cublas_available() const { return cublas_ != nullptr; }
+
+ private:
+  void activate() const;
+  void* arena_alloc(size_t bytes);
+  void run_gemv(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
+  void run_cublas(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
+  bool prefer_gemv(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
+  KvLayout kv_layout(const KvPool& kv, int64_t layer) const;
+
+  int device_ = 0;
+  int num_sms_ = 132;
+  cudaStream_t stream_ = nullptr;
+  void* cublas_ = nullptr;
+
+  struct Chunk {
+    void* ptr;
+    size_t size;
+    size_t used;
+  };
+  std::vector<Chunk> arena_;
+
+  DeviceScratch x_bf16_, partials_;
+  MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;
+
+  MatmulPath matmul_path_ = MatmulPath::Auto;
+  AttentionPath attention_path_ = AttentionPath::Auto;
+  int forced_splits_ = 0;
+  std::map<std::vector<int64_t>, bool> gemv_faster_;  // (m, k, rows...) -> the GEMV won the timing
+};
+
+}  // namespace ninfer::cuda

@@ -1,0 +1,195 @@
+// KV-cache writes and split-KV paged attention for single query rows (decode).
+//
+// A block serves one query row, one KV head, up to kDecodeMaxGroup of the query heads that
+// share it (GQA: each key is loaded once for all of them) and one split of the key axis.
+// Each thread owns 8 consecutive elements (one 16-byte load) of a key row; kThreadsPerKey =
+// HD / 8 threads cover a key, so the block walks 128 / kThreadsPerKey keys at a time, each
+// thread group keeping its own online-softmax state. The groups' states merge through shared
+// memory at the end; with several splits the merged state goes to a partials buffer that
+// combine_splits folds into the output.
+#pragma once
+
+#include <cfloat>
+
+#include "backends/cuda/attention_plan.h"
+#include "backends/cuda/kernels_common.cuh"
+
+namespace ninfer::cuda::kernels {
+
+inline constexpr int kDecodeThreads = 128;
+inline constexpr int kDecodeMaxGroup = 8;
+inline constexpr int kKvPageTokens = 64;
+
+__device__ __forceinline__ const uint16_t* kv_row(const KvLayout& kv, int32_t page, int which, int slot,
+                                                  int head_dim) {
+  const int64_t page_offset = ((static_cast<int64_t>(kv.layer) * kv.num_pages + page) * 2 + which) * kv.page_elems;
+  return static_cast<const uint16_t*>(kv.base) + page_offset + static_cast<int64_t>(slot) * kv.num_kv_heads * head_dim;
+}
+
+// One block per row; threads cover the row's num_kv_heads * head_dim values.
+__global__ void kv_write(KvLayout kv, int head_dim, const float* __restrict__ k, const float* __restrict__ v,
+                         const int32_t* __restrict__ slots) {
+  const int64_t row = blockIdx.x;
+  const int32_t slot = slots[row];
+  if (slot < 0) return;  // a row no slice writes
+  const int32_t page = slot / kKvPageTokens;
+  const int width = kv.num_kv_heads * head_dim;
+  uint16_t* kd = const_cast<uint16_t*>(kv_row(kv, page, 0, slot % kKvPageTokens, head_dim));
+  uint16_t* vd = const_cast<uint16_t*>(kv_row(kv, page, 1, slot % kKvPageTokens, head_dim));
+  for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    kd[i] = float_to_bf16_bits(k[row * width + i]);
+    vd[i] = float_to_bf16_bits(v[row * width + i]);
+  }
+}
+
+struct DecodeParams {
+  KvLayout kv;
+  const int32_t* pages;
+  const DecodeItem* items;
+  const float* q;
+  float* out;       // used when splits == 1
+  float* partials;  // [items][num_heads][splits] x (m, l, acc[HD]) when splits > 1
+  int num_heads;
+  int group;        // query heads per KV head
+  int splits;
+  int chunk;        // keys per split, a multiple of 64
+  float scale;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeParams p) {
+  constexpr int kThreadsPerKey = HD / 8;
+  constexpr int kKeysPerStep = kDecodeThreads / kThreadsPerKey;
+  const DecodeItem item = p.items[blockIdx.x];
+  const int kv_head = blockIdx.y / ((p.group + kDecodeMaxGroup - 1) / kDecodeMaxGroup);
+  const int group_chunk = blockIdx.y % ((p.group + kDecodeMaxGroup - 1) / kDecodeMaxGroup);
+  const int head0 = kv_head * p.group + group_chunk * kDecodeMaxGroup;
+  const int num_g = min(kDecodeMaxGroup, p.group - group_chunk * kDecodeMaxGroup);
+  const int split = blockIdx.z;
+  const int key_begin = split * p.chunk;
+  const int key_end = min(item.kv_len, key_begin + p.chunk);
+
+  const int key_lane = threadIdx.x / kThreadsPerKey;  // which key of a step this thread works on
+  const int sub = threadIdx.x % kThreadsPerKey;       // which 8 elements of the row
+  const int lane = threadIdx.x & 31;
+  const unsigned group_mask =
+      kThreadsPerKey == 32 ? 0xffffffffu : (((1u << kThreadsPerKey) - 1u) << (lane & ~(kThreadsPerKey - 1)));
+
+  float qv[kDecodeMaxGroup][8];
+#pragma unroll
+  for (int g = 0; g < kDecodeMaxGroup; ++g)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      qv[g][j] = g < num_g ? p.q[(static_cast<int64_t>(item.row) * p.num_heads + head0 + g) * HD + sub * 8 + j] * p.scale
+                           : 0.0f;
+
+  float m[kDecodeMaxGroup], l[kDecodeMaxGroup], acc[kDecodeMaxGroup][8];
+#pragma unroll
+  for (int g = 0; g < kDecodeMaxGroup; ++g) {
+    m[g] = -FLT_MAX;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[g][j] = 0.0f;
+  }
+
+  // The next key's K/V rows are loaded before the current key is used, so two loads per
+  // thread are in flight while the softmax arithmetic runs.
+  auto load = [&](int key, uint4& kp, uint4& vp) {
+    const int32_t page = p.pages[item.pages_offset + key / kKvPageTokens];
+    const int slot = key % kKvPageTokens;
+    kp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 0, slot, HD) + kv_head * HD + sub * 8);
+    vp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 1, slot, HD) + kv_head * HD + sub * 8);
+  };
+  int key = key_begin + key_lane;
+  uint4 k_cur = make_uint4(0, 0, 0, 0), v_cur = make_uint4(0, 0, 0, 0);
+  if (key < key_end) load(key, k_cur, v_cur);
+  while (key < key_end) {
+    const int next = key + kKeysPerStep;
+    uint4 k_next = make_uint4(0, 0, 0, 0), v_next = make_uint4(0, 0, 0, 0);
+    if (next < key_end) load(next, k_next, v_next);
+    float kf[8], vf[8];
+    bf16x8_to_float(k_cur, kf);
+    bf16x8_to_float(v_cur, vf);
+#pragma unroll
+    for (int g = 0; g < kDecodeMaxGroup; ++g) {
+      if (g >= num_g) break;
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s = fmaf(qv[g][j], kf[j], s);
+#pragma unroll
+      for (int offset = kThreadsPerKey / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(group_mask, s, offset);
+      const float m_new = fmaxf(m[g], s);
+      const float correction = expf(m[g] - m_new);
+      const float weight = expf(s - m_new);
+      l[g] = l[g] * correction + weight;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(acc[g][j], correction, weight * vf[j]);
+      m[g] = m_new;
+    }
+    key = next;
+    k_cur = k_next;
+    v_cur = v_next;
+  }
+
+  // Merge the kKeysPerStep thread groups' states.
+  __shared__ float s_m[kKeysPerStep][kDecodeMaxGroup];
+  __shared__ float s_l[kKeysPerStep][kDecodeMaxGroup];
+  __shared__ float s_acc[kKeysPerStep][kDecodeMaxGroup][HD];
+#pragma unroll
+  for (int g = 0; g < kDecodeMaxGroup; ++g) {
+    if (sub == 0) {
+      s_m[key_lane][g] = m[g];
+      s_l[key_lane][g] = l[g];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s_acc[key_lane][g][sub * 8 + j] = acc[g][j];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < num_g * HD; idx += kDecodeThreads) {
+    const int g = idx / HD, d = idx % HD;
+    float m_all = -FLT_MAX;
+#pragma unroll
+    for (int i = 0; i < kKeysPerStep; ++i) m_all = fmaxf(m_all, s_m[i][g]);
+    float l_all = 0.0f, a_all = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kKeysPerStep; ++i) {
+      const float w = s_l[i][g] > 0.0f ? expf(s_m[i][g] - m_all) : 0.0f;
+      l_all += s_l[i][g] * w;
+      a_all += s_acc[i][g][d] * w;
+    }
+    const int64_t out_index = static_cast<int64_t>(item.row) * p.num_heads + head0 + g;
+    if (p.splits == 1) {
+      p.out[out_index * HD + d] = a_all / l_all;
+    } else {
+      const int64_t part = (static_cast<int64_t>(blockIdx.x) * p.num_heads + head0 + g) * p.splits + split;
+      float* dst = p.partials + part * (HD + 2);
+      if (d == 0) {
+        dst[0] = m_all;
+        dst[1] = l_all;
+      }
+      dst[2 + d] = a_all;
+    }
+  }
+}
+
+// One block per (item, head); HD threads fold the splits' states into the output row.
+template <int HD>
+__global__ void combine_splits(const DecodeItem* __restrict__ items, const float* __restrict__ partials,
+                               int num_heads, int splits, float* __restrict__ out) {
+  const int head = blockIdx.y, d = threadIdx.x;
+  const float* base = partials + (static_cast<int64_t>(blockIdx.x) * num_heads + head) * splits * (HD + 2);
+  float m_all = -FLT_MAX;
+  for (int s = 0; s < splits; ++s)
+    if (base[s * (HD + 2) + 1] > 0.0f) m_all = fmaxf(m_all, base[s * (HD + 2)]);
+  float l_all = 0.0f, a_all = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float* part = base + s * (HD + 2);
+    if (part[1] <= 0.0f) continue;  // an empty split (past this row's last key)
+    const float w = expf(part[0] - m_all);
+    l_all += part[1] * w;
+    a_all += part[2 + d] * w;
+  }
+  out[(static_cast<int64_t>(items[blockIdx.x].row) * num_heads + head) * HD + d] = a_all / l_all;
+}
+
+}  // namespace ninfer::cuda::kernels

@@ -1,0 +1,103 @@
+// Memory-bound kernels over float32 activations: conversion, embedding, RMSNorm, RoPE,
+// SwiGLU, residual add, row gather, bias add and seeded random fills.
+#pragma once
+
+#include "backends/cuda/kernels_common.cuh"
+
+namespace ninfer::cuda::kernels {
+
+__global__ void f32_to_bf16(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = float_to_bf16_bits(x[i]);
+}
+
+// splitmix64 of (seed, index): a counter-based generator, so any element can be made alone.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void random_bf16(uint16_t* __restrict__ w, int64_t n, uint64_t seed, float scale) {
+  const uint64_t key = mix64(seed + 0x9e3779b97f4a7c15ull);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = mix64(key ^ static_cast<uint64_t>(i));
+    const float unit = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    w[i] = float_to_bf16_bits((2.0f * unit - 1.0f) * scale);
+  }
+}
+
+__global__ void add_bias(float* __restrict__ y, const float* __restrict__ bias, int64_t m, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += bias[i % n];
+}
+
+// One block per token row.
+__global__ void embedding(const uint16_t* __restrict__ table, int64_t cols, const int32_t* __restrict__ tokens,
+                          float* __restrict__ out) {
+  const uint16_t* src = table + static_cast<int64_t>(tokens[blockIdx.x]) * cols;
+  float* dst = out + static_cast<int64_t>(blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = bf16_bits_to_float(src[c]);
+}
+
+// One block per row; the block reduces the sum of squares through shared memory.
+__global__ void rms_norm(const float* x, int64_t cols, const float* __restrict__ weight, float eps,
+                         float* y) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c] * xr[c];
+  __shared__ float partial[32];
+  sum = warp_sum(sum);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(partial[0] / static_cast<float>(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * weight[c];
+}
+
+// One block per token; threads cover (head, i < rotary_dim / 2) pairs (HF rotate_half).
+__global__ void rope(float* x, int64_t heads, int64_t head_dim, int64_t half, const int32_t* __restrict__ positions,
+                     const float* __restrict__ inv_freq, float attention_factor) {
+  const int64_t t = blockIdx.x;
+  const float pos = static_cast<float>(positions[t]);
+  for (int64_t j = threadIdx.x; j < heads * half; j += blockDim.x) {
+    const int64_t h = j / half, i = j % half;
+    const float angle = pos * inv_freq[i];  // rounded to float32 as Hugging Face computes it
+    float s, c;
+    sincosf(angle, &s, &c);
+    c *= attention_factor;
+    s *= attention_factor;
+    float* v = x + (t * heads + h) * head_dim;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+__global__ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void add(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+// One block per gathered row.
+__global__ void gather_rows(const float* __restrict__ src, int64_t cols, const int32_t* __restrict__ rows,
+                            float* __restrict__ dst) {
+  const float* s = src + static_cast<int64_t>(rows[blockIdx.x]) * cols;
+  float* d = dst + static_cast<int64_t>(blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
+}  // namespace ninfer::cuda::kernels

@@ -1,0 +1,82 @@
+// Launchers of the KV-write and attention kernels (see launchers.h).
+#include <stdexcept>
+#include <string>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels_decode_attention.cuh"
+#include "backends/cuda/kernels_prefill_attention.cuh"
+#include "backends/cuda/launchers.h"
+
+namespace ninfer::cuda {
+
+namespace {
+
+template <int HD>
+void decode_for(const kernels::DecodeParams& p, int num_items, int num_kv_heads, cudaStream_t stream) {
+  const int group_chunks = (p.group + kernels::kDecodeMaxGroup - 1) / kernels::kDecodeMaxGroup;
+  const dim3 grid(static_cast<unsigned int>(num_items), static_cast<unsigned int>(num_kv_heads * group_chunks),
+                  static_cast<unsigned int>(p.splits));
+  kernels::decode_attention<HD><<<grid, kernels::kDecodeThreads, 0, stream>>>(p);
+  NINFER_CUDA_CHECK_LAUNCH();
+  if (p.splits > 1) {
+    const dim3 combine_grid(static_cast<unsigned int>(num_items), static_cast<unsigned int>(p.num_heads));
+    kernels::combine_splits<HD><<<combine_grid, HD, 0, stream>>>(p.items, p.partials, p.num_heads, p.splits, p.out);
+    NINFER_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <int HD>
+void prefill_for(const kernels::PrefillParams& p, int num_items, cudaStream_t stream) {
+  constexpr size_t bytes = kernels::PrefillSmem<HD>::kTotal;
+  static const bool configured = [] {
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention<HD>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned int>(num_items), static_cast<unsigned int>(p.num_heads));
+  kernels::prefill_attention<HD><<<grid, kernels::kPrefillThreads, bytes, stream>>>(p);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool attention_head_dim_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
+void launch_kv_write(const KvLayout& kv, int64_t head_dim, const float* k, const float* v, const int32_t* slots,
+                     int64_t rows, cudaStream_t stream) {
+  if (rows <= 0) return;
+  const int64_t width = kv.num_kv_heads * head_dim;
+  const int threads = width >= 512 ? 512 : 128;
+  kernels::kv_write<<<static_cast<unsigned int>(rows), threads, 0, stream>>>(kv, static_cast<int>(head_dim), k, v,
+                                                                             slots);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void launch_decode_attention(const AttentionArgs& a, const DecodeItem* items, int num_items, int splits, int chunk,
+                             float* partials, cudaStream_t stream) {
+  if (num_items <= 0) return;
+  if (splits < 1 || (splits > 1 && (!partials || chunk % 64 != 0)))
+    throw std::invalid_argument("launch_decode_attention: bad split configuration");
+  kernels::DecodeParams p{a.kv, a.pages, items, a.q, a.out, partials, a.num_heads,
+                          a.num_heads / a.kv.num_kv_heads, splits, chunk, a.scale};
+  switch (a.head_dim) {
+    case 64: decode_for<64>(p, num_items, a.kv.num_kv_heads, stream); break;
+    case 128: decode_for<128>(p, num_items, a.kv.num_kv_heads, stream); break;
+    case 256: decode_for<256>(p, num_items, a.kv.num_kv_heads, stream); break;
+    default: throw std::invalid_argument("CUDA attention: head_dim " + std::to_string(a.head_dim) + " is not supported");
+  }
+}
+
+void launch_prefill_attention(const AttentionArgs& a, const PrefillItem* items, int num_items, cudaStream_t stream) {
+  if (num_items <= 0) return;
+  kernels::PrefillParams p{a.kv, a.pages, items, a.q, a.out, a.num_heads, a.num_heads / a.kv.num_kv_heads, a.scale};
+  switch (a.head_dim) {
+    case 64: prefill_for<64>(p, num_items, stream); break;
+    case 128: prefill_for<128>(p, num_items, stream); break;
+    case 256: prefill_for<256>(p, num_items, stream); break;
+    default: throw std::invalid_argument("CUDA attention: head_dim " + std::to_string(a.head_dim) + " is not supported");
+  }
+}
+
+}  // namespace ninfer::cuda

@@ -1,0 +1,247 @@
+// Kernel-level entry points of the CUDA backend for tests and benchmarks.
+//
+// Each call copies its numpy inputs to the device, runs one backend op and copies the
+// outputs back into the given arrays. Outputs are uploaded first as well, so a test that
+// poisons an output array sees exactly which elements the op wrote. Without a CUDA build
+// only cuda_device_count() exists (it returns 0).
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "artifact/artifact.h"
+#include "bindings/bindings.h"
+#include "cache/kv_pool.h"
+
+#ifdef NINFER_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+namespace py = pybind11;
+
+namespace ninfer::bindings {
+
+#ifdef NINFER_WITH_CUDA
+namespace {
+
+using cuda::CudaBackend;
+
+template <typename T>
+T* data_of(py::array& a, const char* what, bool writable = false) {
+  if (!a.dtype().is(py::dtype::of<T>()))
+    throw py::type_error(std::string(what) + ": expected dtype " + std::string(py::str(py::dtype::of<T>())));
+  if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string(what) + ": must be C-contiguous");
+  return static_cast<T*>(writable ? a.mutable_data() : const_cast<void*>(a.data()));
+}
+
+// A float32 numpy array mirrored in device memory.
+class Mirror {
+ public:
+  Mirror(CudaBackend& backend, py::array array, const char* what) : backend_(backend), array_(std::move(array)) {
+    host_ = data_of<float>(array_, what);
+    buffer_ = backend.alloc(array_.size());
+    backend.copy_from_host(buffer_.data(), host_, array_.size());
+  }
+  float* device() const { return buffer_.data(); }
+  void download() {
+    if (!array_.writeable()) throw py::value_error("output array must be writable");
+    backend_.copy_to_host(static_cast<float*>(array_.mutable_data()), buffer_.data(), array_.size());
+  }
+
+ private:
+  CudaBackend& backend_;
+  py::array array_;
+  const float* host_ = nullptr;
+  Buffer buffer_;
+};
+
+CudaBackend::MatmulPath matmul_path(const std::string& name) {
+  if (name == "auto") return CudaBackend::MatmulPath::Auto;
+  if (name == "gemv") return CudaBackend::MatmulPath::Gemv;
+  if (name == "cublas") return CudaBackend::MatmulPath::Cublas;
+  throw py::value_error("matmul path must be auto, gemv or cublas");
+}
+
+CudaBackend::AttentionPath attention_path(const std::string& name) {
+  if (name == "auto") return CudaBackend::AttentionPath::Auto;
+  if (name == "decode") return CudaBackend::AttentionPath::Decode;
+  if (name == "prefill") return CudaBackend::AttentionPath::Prefill;
+  throw py::value_error("attention path must be auto, decode or prefill");
+}
+
+class CudaOps {
+ public:
+  explicit CudaOps(int device) : backend_(device) {}
+
+  bool cublas_available() const { return backend_.cublas_available(); }
+
+  // w: f32 [n,k]; f16/bf16 bits uint16 [n,k]; q8_0 bytes uint8 [n, k/32*34].
+  Weight weight(py::array w, const std::string& dtype_name, int64_t k) {
+    const DType dtype = dtype_from_name(dtype_name);
+    if (w.ndim() != 2) throw py::value_error("weight must be 2-D");
+    TensorView view;
+    view.name = "weight";
+    view.dtype = dtype;
+    view.shape = {w.shape(0), k};
+    view.nbytes = static_cast<uint64_t>(w.nbytes());
+    view.data = w.data();
+    return backend_.upload_weight(view);
+  }
+
+  void matmul_many(py::array x, const std::vector<py::array>& weights, const std::string& dtype,
+                   const std::vector<py::array>& outs, const std::vector<std::optional<py::array>>& biases,
+                   const std::string& path) {
+    if (x.ndim() != 2 || weights.empty() || weights.size() != outs.size() || biases.size() != outs.size())
+      throw py::value_error("matmul_many: x [m, k], and one weight, out and bias (or None) each");
+    const int64_t m = x.shape(0), k = x.shape(1);
+    Mirror xd(backend_, x, "x");
+    std::vector<Weight> ws;
+    std::vector<Mirror> ys, bs;
+    ys.reserve(outs.size());
+    bs.reserve(outs.size());
+    std::vector<MatmulOutput> outputs;
+    for (size_t i = 0; i < weights.size(); ++i) ws.push_back(weight(weights[i], dtype, k));
+    for (size_t i = 0; i < weights.size(); ++i) {
+      ys.emplace_back(backend_, outs[i], "out");
+      const float* bias = nullptr;
+      if (biases[i]) {
+        bs.emplace_back(backend_, *biases[i], "bias");
+        bias = bs.back().device();
+      }
+      outputs.push_back({&ws[i], bias, ys.back().device()});
+    }
+    backend_.set_matmul_path(matmul_path(path));
+    backend_.matmul_many(xd.device(), m, outputs);
+    backend_.set_matmul_path(CudaBackend::MatmulPath::Auto);
+    for (auto& y : ys) y.download();
+  }
+
+  void embedding(py::array table, const std::string& dtype, py::array tokens, py::array out) {
+    const Weight w = weight(table, dtype, out.shape(1));
+    const int32_t* ids = data_of<int32_t>(tokens, "tokens");
+    Mirror o(backend_, out, "out");
+    backend_.embedding(w, std::span(ids, static_cast<size_t>(tokens.size())), o.device());
+    o.download();
+  }
+
+  py::array_t<float> random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) {
+    const Weight w = backend_.random_weight(rows, cols, seed, scale);
+    py::array_t<float> out({rows, cols});
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    Mirror o(backend_, out, "out");
+    backend_.embedding(w, ids, o.device());
+    o.download();
+    return out;
+  }
+
+  void rms_norm(py::array x, py::array weight, float eps, py::array out) {
+    Mirror xd(backend_, x, "x"), wd(backend_, weight, "weight"), od(backend_, out, "out");
+    backend_.rms_norm(xd.device(), x.shape(0), x.shape(1), wd.device(), eps, od.device());
+    od.download();
+  }
+
+  void rope(py::array x, py::array positions, py::array inv_freq, float factor) {
+    if (x.ndim() != 3) throw py::value_error("x must be [tokens, heads, head_dim]");
+    Mirror xd(backend_, x, "x");
+    const int32_t* pos = data_of<int32_t>(positions, "positions");
+    const float* freq = data_of<float>(inv_freq, "inv_freq");
+    backend_.rope(xd.device(), x.shape(1), x.shape(2), 2 * inv_freq.size(), std::span(pos, positions.size()),
+                  std::span(freq, inv_freq.size()), factor);
+    xd.download();
+  }
+
+  void swiglu(py::array gate, py::array up, py::array out) {
+    Mirror g(backend_, gate, "gate"), u(backend_, up, "up"), o(backend_, out, "out");
+    backend_.swiglu(g.device(), u.device(), gate.size(), o.device());
+    o.download();
+  }
+
+  void add(py::array y, py::array x) {
+    Mirror yd(backend_, y, "y"), xd(backend_, x, "x");
+    backend_.add(yd.device(), xd.device(), y.size());
+    yd.download();
+  }
+
+  void gather_rows(py::array src, py::array rows, py::array out) {
+    Mirror s(backend_, src, "src"), o(backend_, out, "out");
+    const int32_t* r = data_of<int32_t>(rows, "rows");
+    backend_.gather_rows(s.device(), src.shape(1), std::span(r, rows.size()), o.device());
+    o.download();
+  }
+
+  // As ops_bindings' paged_attention: writes each slice's history into a fresh one-layer pool
+  // (through kv_write), then attends for the slices' query rows.
+  void paged_attention(py::array q, const std::vector<py::array>& keys, const std::vector<py::array>& values,
+                       const std::vector<std::tuple<int, int, std::vector<int32_t>>>& slices, int64_t num_pages,
+                       float scale, py::array out, const std::string& path, int splits) {
+    if (keys.size() != slices.size() || values.size() != slices.size() || keys.empty())
+      throw py::value_error("need one key and one value history per slice");
+    if (q.ndim() != 3) throw py::value_error("q must be [rows, heads, head_dim]");
+    const int64_t nh = q.shape(1), hd = q.shape(2), nkv = keys[0].shape(1);
+    KvPool pool(num_pages, 1, nkv, hd);
+    Mirror qd(backend_, q, "q"), od(backend_, out, "out");
+    std::vector<AttentionSlice> plan;
+    int32_t row = 0;
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const auto& [start, count, pages] = slices[i];
+      Mirror kd(backend_, keys[i], "keys"), vd(backend_, values[i], "values");
+      const AttentionSlice history{0, start + count, 0, pages.data(), static_cast<int32_t>(pages.size())};
+      backend_.kv_write(pool, 0, kd.device(), vd.device(), std::span(&history, 1));
+      backend_.synchronize();  // the mirrors free their buffers on scope exit
+      plan.push_back({row, count, start, pages.data(), static_cast<int32_t>(pages.size())});
+      row += count;
+    }
+    if (row != q.shape(0)) throw py::value_error("q rows do not match the slices' token counts");
+    backend_.set_attention_path(attention_path(path));
+    backend_.set_decode_splits(splits);
+    try {
+      backend_.attention(pool, 0, qd.device(), plan, AttentionShape{nh, nkv, hd, scale}, od.device());
+    } catch (...) {
+      backend_.set_attention_path(CudaBackend::AttentionPath::Auto);
+      backend_.set_decode_splits(0);
+      throw;
+    }
+    backend_.set_attention_path(CudaBackend::AttentionPath::Auto);
+    backend_.set_decode_splits(0);
+    od.download();
+  }
+
+ private:
+  CudaBackend backend_;
+};
+
+}  // namespace
+#endif
+
+void bind_cuda(py::module_& m) {
+#ifdef NINFER_WITH_CUDA
+  m.def("cuda_device_count", [] { return cuda::device_count(); }, "CUDA devices visible (0 without driver/device).");
+  py::class_<CudaOps>(m, "CudaOps", "Each CUDA backend op on numpy arrays (tests, benchmarks).")
+      .def(py::init<int>(), py::arg("device") = 0)
+      .def_property_readonly("cublas_available", &CudaOps::cublas_available)
+      .def("matmul_many", &CudaOps::matmul_many, py::arg("x"), py::arg("weights"), py::arg("dtype"), py::arg("outs"),
+           py::arg("biases"), py::arg("path") = "auto")
+      .def("embedding", &CudaOps::embedding, py::arg("table"), py::arg("dtype"), py::arg("tokens"), py::arg("out"))
+      .def("random_weight", &CudaOps::random_weight, py::arg("rows"), py::arg("cols"), py::arg("seed"),
+           py::arg("scale"))
+      .def("rms_norm", &CudaOps::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("out"))
+      .def("rope", &CudaOps::rope, py::arg("x"), py::arg("positions"), py::arg("inv_freq"),
+           py::arg("attention_factor") = 1.0f)
+      .def("swiglu", &CudaOps::swiglu, py::arg("gate"), py::arg("up"), py::arg("out"))
+      .def("add", &CudaOps::add, py::arg("y"), py::arg("x"))
+      .def("gather_rows", &CudaOps::gather_rows, py::arg("src"), py::arg("rows"), py::arg("out"))
+      .def("paged_attention", &CudaOps::paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"),
+           py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
+           py::arg("splits") = 0);
+#else
+  m.def("cuda_device_count", [] { return 0; }, "CUDA devices visible (this build has no CUDA backend).");
+#endif
+}
+
+}  // namespace ninfer::bindings
