@@ -18,13 +18,17 @@ namespace {
 using namespace avx2;
 
 // Loads 8 weights as float32, and converts one weight for the k % 8 tail.
+// kPrefetch: whether software prefetch paid off in measurements (f32 rows are long enough
+// for the hardware prefetcher, and the extra instructions cost more than they save).
 struct F32Weights {
   using Element = float;
+  static constexpr bool kPrefetch = false;
   static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
   static float one(const float* p) { return *p; }
 };
 struct F16Weights {
   using Element = uint16_t;
+  static constexpr bool kPrefetch = true;
   static __m256 load8(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
@@ -32,6 +36,7 @@ struct F16Weights {
 };
 struct BF16Weights {
   using Element = uint16_t;
+  static constexpr bool kPrefetch = true;
   static __m256 load8(const uint16_t* p) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
@@ -75,7 +80,7 @@ void tile_rows(const float* x, int64_t x_stride, const uint8_t* w, int64_t w_row
   const int64_t distance = prefetch_distance_rows(w_row_bytes);
   for (; j + 4 <= n; j += 4)
     micro_tile<W, R, 4>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy,
-                        rows_ahead(w, w_row_bytes, j + distance, n));
+                        W::kPrefetch ? rows_ahead(w, w_row_bytes, j + distance, n) : 0);
   for (; j < n; ++j) micro_tile<W, R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy, 0);
 }
 
