@@ -80,7 +80,7 @@ void tile_rows(const float* x, int64_t x_stride, const uint8_t* w, int64_t w_row
   const int64_t distance = prefetch_distance_rows(w_row_bytes);
   for (; j + 4 <= n; j += 4)
     micro_tile<W, R, 4>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy,
-                        W::kPrefetch ? rows_ahead(w, w_row_bytes, j + distance, n) : 0);
+                        W::kPrefetch ? rows_ahead(w, w_row_bytes, j + distance, 4, n) : 0);
   for (; j < n; ++j) micro_tile<W, R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, k, y + j, ldy, 0);
 }
 
@@ -136,7 +136,7 @@ void tile_rows_q8(const BlockQ8Act* x, int64_t x_stride, const uint8_t* w, int64
   const int64_t distance = prefetch_distance_rows(w_row_bytes);
   for (; j + C <= n; j += C)
     micro_tile_q8<R, C>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy,
-                        C == 4 ? rows_ahead(w, w_row_bytes, j + distance, n) : 0);
+                        rows_ahead(w, w_row_bytes, j + distance, C, n));
   for (; j < n; ++j) micro_tile_q8<R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy, 0);
 }
 

@@ -54,7 +54,7 @@ void tile_rows(const BlockQ8Act* x, int64_t x_stride, const uint8_t* w, int64_t 
   const int64_t distance = prefetch_distance_rows(w_row_bytes);
   for (; j + C <= n; j += C)
     micro_tile<R, C>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy,
-                     C == 4 ? rows_ahead(w, w_row_bytes, j + distance, n) : 0);
+                     rows_ahead(w, w_row_bytes, j + distance, C, n));
   for (; j < n; ++j) micro_tile<R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy, 0);
 }
 
