@@ -4,7 +4,7 @@ For every weight dtype and shape it streams enough distinct copies of the weight
 cannot stay in cache (as in decode, where each layer's weights are read once per token),
 and prints the median GB/s of weight bytes read and its ratio to a measured read floor.
 
-Run: PYTHONPATH=python python bench/bench_ops_cpu.py [--threads N] [--kernels auto|scalar|avx2]
+Run: PYTHONPATH=python python bench/bench_ops_cpu.py [--threads N] [--kernels NAME]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def gemv_rate(n: int, k: int, dtype: str, threads: int, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
-    parser.add_argument("--kernels", default="auto", choices=["auto", "scalar", "avx2"])
+    parser.add_argument("--kernels", default="auto", choices=["auto", "scalar", "avx2", "avxvnni"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtypes", default="f32,bf16,q8_0")
     args = parser.parse_args()

@@ -31,9 +31,10 @@ inline int64_t prefetch_distance_rows(int64_t w_row_bytes) {
   return std::max<int64_t>(4, kPrefetchBytes / w_row_bytes / 4 * 4);
 }
 
-// The 4 rows starting at `row` when they lie inside this tile's n rows, else 0 (no prefetch).
-inline uintptr_t rows_ahead(const uint8_t* w, int64_t w_row_bytes, int64_t row, int64_t n) {
-  return row + 4 <= n ? reinterpret_cast<uintptr_t>(w + row * w_row_bytes) : 0;
+// The `count` rows starting at `row` when they lie inside this tile's n rows, else 0 (no
+// prefetch).
+inline uintptr_t rows_ahead(const uint8_t* w, int64_t w_row_bytes, int64_t row, int64_t count, int64_t n) {
+  return row + count <= n ? reinterpret_cast<uintptr_t>(w + row * w_row_bytes) : 0;
 }
 
 inline float q8_weight_scale(const uint8_t* block) {

@@ -17,18 +17,14 @@ namespace ninfer::cpu {
 namespace {
 
 constexpr int64_t kRowBlock = 64;            // X rows per task: keeps the X block in L2
-constexpr int64_t kChunkBytes = 32 * 1024;   // weight bytes per task at most (L1/L2 resident)
+constexpr int64_t kChunkBytes = 256 * 1024;  // weight bytes per task at most: stays in L2
 
+// Weight rows per task: a couple of long contiguous runs per thread, so each thread streams
+// its share once with the kernels' software prefetch running ahead. With several X rows a run
+// is re-read per row pair, so it is capped to stay in L2.
 int64_t columns_per_task(int64_t m, int64_t n, int64_t weight_row_bytes, int threads) {
-  if (m <= 2) {
-    // Decode: no weight reuse across X rows, so hand each thread long contiguous runs that the
-    // kernels' software prefetch can stream through; two per thread absorb uneven progress.
-    const int64_t chunk = std::max<int64_t>(16, (n + 2 * threads - 1) / (2 * threads));
-    return (chunk + 3) / 4 * 4;
-  }
-  const int64_t by_cache = std::max<int64_t>(4, kChunkBytes / std::max<int64_t>(weight_row_bytes, 1));
-  const int64_t by_balance = std::max<int64_t>(4, n / (static_cast<int64_t>(threads) * 4));
-  const int64_t chunk = std::min(by_cache, by_balance);
+  int64_t chunk = std::max<int64_t>(16, (n + 2 * threads - 1) / (2 * threads));
+  if (m > 2) chunk = std::min(chunk, std::max<int64_t>(16, kChunkBytes / std::max<int64_t>(weight_row_bytes, 1)));
   return (chunk + 3) / 4 * 4;
 }
 

@@ -47,24 +47,29 @@ void micro_tile(const BlockQ8Act* x, int64_t x_stride, const uint8_t* w, int64_t
     for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
 }
 
-template <int R>
+template <int R, int C>
 void tile_rows(const BlockQ8Act* x, int64_t x_stride, const uint8_t* w, int64_t w_row_bytes, int64_t n,
                int64_t blocks, float* y, int64_t ldy) {
   int64_t j = 0;
   const int64_t distance = prefetch_distance_rows(w_row_bytes);
-  for (; j + 4 <= n; j += 4)
-    micro_tile<R, 4>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy,
-                     rows_ahead(w, w_row_bytes, j + distance, n));
+  for (; j + C <= n; j += C)
+    micro_tile<R, C>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy,
+                     rows_ahead(w, w_row_bytes, j + distance, C, n));
   for (; j < n; ++j) micro_tile<R, 1>(x, x_stride, w + j * w_row_bytes, w_row_bytes, blocks, y + j, ldy, 0);
 }
 
+// Decode (one or two rows) streams the weights four rows at a time; prefill reuses each
+// weight block over four activation rows, which halves the per-block weight work.
 void tile_q8_0(const BlockQ8Act* x, int64_t x_stride, int64_t m, const void* w, int64_t w_row_bytes, int64_t n,
                int64_t k, float* y, int64_t ldy) {
   const auto* wb = static_cast<const uint8_t*>(w);
   const int64_t blocks = k / kQ8BlockSize;
   int64_t i = 0;
-  for (; i + 2 <= m; i += 2) tile_rows<2>(x + i * x_stride, x_stride, wb, w_row_bytes, n, blocks, y + i * ldy, ldy);
-  for (; i < m; ++i) tile_rows<1>(x + i * x_stride, x_stride, wb, w_row_bytes, n, blocks, y + i * ldy, ldy);
+  for (; i + 4 <= m; i += 4)
+    tile_rows<4, 2>(x + i * x_stride, x_stride, wb, w_row_bytes, n, blocks, y + i * ldy, ldy);
+  for (; i + 2 <= m; i += 2)
+    tile_rows<2, 4>(x + i * x_stride, x_stride, wb, w_row_bytes, n, blocks, y + i * ldy, ldy);
+  for (; i < m; ++i) tile_rows<1, 4>(x + i * x_stride, x_stride, wb, w_row_bytes, n, blocks, y + i * ldy, ldy);
 }
 
 // The AVX2 quantization, then the +128 offset (a sign-bit flip) that vpdpbusd needs.
