@@ -118,6 +118,10 @@ class Tokenizer:
         tokenizer = self._tokenizer if allow_special else self._plain
         return tokenizer.encode(text, add_special_tokens=False).ids
 
+    def added_token_spellings(self) -> list[str]:
+        """The spellings of tokenizer.json's added tokens (the control tokens)."""
+        return [t["content"] for t in self._spec.get("added_tokens") or [] if t.get("content")]
+
     def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
         tokenizer = self._tokenizer if allow_special else self._plain
         return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
