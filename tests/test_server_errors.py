@@ -75,7 +75,11 @@ def test_malformed_json(server):
         ({"function_call": {"name": "f"}}, "unsupported_parameter", "function_call"),
         ({"logit_bias": {"5": 1.5}}, "unsupported_parameter", "logit_bias"),
         ({"logprobs": True}, "unsupported_parameter", "logprobs"),
-        ({"tools": [{"type": "function", "function": {}}]}, "invalid_value", "tools[0].function.name"),
+        (
+            {"tools": [{"type": "function", "function": {}}]},
+            "invalid_value",
+            "tools[0].function.name",
+        ),
         ({"response_format": {"type": "json_object"}}, "unsupported_parameter", "response_format"),
         (
             {

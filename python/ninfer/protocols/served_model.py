@@ -73,6 +73,7 @@ def load_served_model(
     default_max_tokens: int = 8192,
     no_thinking: bool = False,
     preserve_thinking: bool = False,
+    reasoning_effort: str | None = None,
     tolerant_tool_calls: bool = False,
 ) -> ServedModel:
     header = engine.header
@@ -88,6 +89,11 @@ def load_served_model(
         defaults["enable_thinking"] = False
     if preserve_thinking:
         defaults["preserve_thinking"] = True
+    ladder = EffortLadder.probe(template)
+    if reasoning_effort == "none":
+        defaults["enable_thinking"] = False
+    elif reasoning_effort is not None:
+        defaults["reasoning_effort"] = ladder.nearest(reasoning_effort)
     return ServedModel(
         engine=engine,
         public_id=public_model_id(header, model_id),
@@ -101,7 +107,7 @@ def load_served_model(
         ),
         default_max_tokens=default_max_tokens,
         template_defaults=defaults,
-        effort_ladder=EffortLadder.probe(template),
+        effort_ladder=ladder,
         markup=OutputMarkup.detect(source, engine.tokenizer),
         tolerant_tool_calls=tolerant_tool_calls,
     )
