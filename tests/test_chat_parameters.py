@@ -42,6 +42,7 @@ def image(detail=None):
     return [{"role": "user", "content": [{"type": "image_url", "image_url": url}]}]
 
 
+DETAIL = "messages[0].content[0].image_url.detail"
 REJECTED = [
     ({"logit_bias": {"5": 2}}, "unsupported_parameter", "logit_bias"),
     ({"logprobs": True}, "unsupported_parameter", "logprobs"),
@@ -63,8 +64,8 @@ REJECTED = [
     ({"seed": -(1 << 63) - 1}, "invalid_value", "seed"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_value", "stop"),
     ({"max_completion_tokens": -1}, "invalid_value", "max_completion_tokens"),
-    ({"messages": image("high")}, "unsupported_parameter", "messages[0].content[0].image_url.detail"),
-    ({"messages": image("low")}, "unsupported_parameter", "messages[0].content[0].image_url.detail"),
+    ({"messages": image("high")}, "unsupported_parameter", DETAIL),
+    ({"messages": image("low")}, "unsupported_parameter", DETAIL),
     ({"messages": image()}, "vision_disabled", "messages[0].content[0].type"),
     (
         {"messages": [{"role": "user", "content": [
