@@ -81,13 +81,13 @@ class Tokenizer:
         try:
             text = document.decode("utf-8")
             self._tokenizer = _HFTokenizer.from_str(text)
-            # A second instance treats special-token spellings as text; a per-call toggle of
-            # the flag on one shared instance would race between threads.
-            self._plain = _HFTokenizer.from_str(text)
+            self._spec: dict[str, Any] = json.loads(text)
+            # A second instance without added tokens treats every control-token spelling as
+            # text, including added tokens not flagged special (Qwen's `<tool_call>`,
+            # `<think>`), which `encode_special_tokens` would still match.
+            self._plain = _HFTokenizer.from_str(json.dumps({**self._spec, "added_tokens": []}))
         except Exception as e:  # tokenizers raises a bare Exception for bad documents
             raise ValueError(f"invalid tokenizer.json: {e}") from e
-        self._plain.encode_special_tokens = True
-        self._spec: dict[str, Any] = json.loads(text)
         self.bos_token_id = bos_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.add_bos_token = add_bos_token
