@@ -42,8 +42,10 @@ def test_ladder_keeps_values_when_the_probe_chat_cannot_render():
     assert EffortLadder.probe(template("{{ raise_exception('no') }}")).accepted == EFFORT_LEVELS
 
 
-def resolve(defaults=None, ladder=EffortLadder(), **options):
-    return resolve_template_options(TemplateOptions(**options), defaults or {}, ladder)
+def resolve(defaults=None, ladder=None, **options):
+    return resolve_template_options(
+        TemplateOptions(**options), defaults or {}, ladder or EffortLadder()
+    )
 
 
 def test_typed_fields_and_kwargs_merge():
