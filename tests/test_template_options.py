@@ -79,6 +79,8 @@ def test_request_overrides_server_defaults():
         ({"reasoning_effort": "none", "kwargs": {"enable_thinking": True}},
          "conflicting_template_option", "chat_template_kwargs.reasoning_effort"),
         ({"kwargs": {"tools": []}}, "invalid_value", "chat_template_kwargs.tools"),
+        ({"reasoning_effort": "ultra", "typed_fields": {"reasoning_effort": "reasoning_effort"}},
+         "invalid_value", "reasoning_effort"),
         ({"kwargs": {"bos_token": "x"}}, "invalid_value", "chat_template_kwargs.bos_token"),
         ({"kwargs": {"enable_thinking": "yes"}}, "invalid_value",
          "chat_template_kwargs.enable_thinking"),

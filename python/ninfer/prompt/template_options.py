@@ -121,6 +121,12 @@ def resolve_template_options(
                 f"`{key}` is supplied by the server and cannot be set through {where}",
                 f"{where}.{key}",
             )
+    requested = options.reasoning_effort
+    if requested is not None and requested not in (*EFFORT_LEVELS, "none", *_UNSET_EFFORTS):
+        raise TemplateOptionError(
+            f"unknown reasoning_effort `{requested}`; expected none, " + ", ".join(EFFORT_LEVELS),
+            _field(options, "reasoning_effort"),
+        )
     typed = {
         "enable_thinking": options.enable_thinking,
         "preserve_thinking": options.preserve_thinking,
