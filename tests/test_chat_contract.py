@@ -462,3 +462,14 @@ def test_qwen_sampling_presets_by_thinking_mode():
         assert (s.temperature, s.top_p, s.top_k, s.presence_penalty) == (0.7, 0.5, 20, 0.25)
     finally:
         running.stop()
+
+
+def test_stop_strings_apply_to_reasoning_and_answer(client):
+    in_reasoning = chat(client, "reason", stop=["me think"])
+    message = in_reasoning.choices[0].message
+    assert message.model_extra["reasoning_content"] == "Let "  # only line breaks are trimmed
+    assert not message.content
+    assert in_reasoning.choices[0].finish_reason == "stop"
+    in_answer = chat(client, "reason", stop=["is 4"])
+    assert in_answer.choices[0].message.content == "The answer "
+    assert in_answer.choices[0].message.model_extra["reasoning_content"] == "Let me think."
