@@ -173,8 +173,6 @@ def resolve_template_options(
             )
         chosen["reasoning_effort"] = ladder.nearest(effort)
     merged: dict[str, Any] = dict(server_defaults)
-    if "enable_thinking" in chosen and chosen["enable_thinking"] is not False:
-        merged.pop("enable_thinking", None)  # request turns thinking back on
     if effort is not None and effort != "none":
         merged.pop("enable_thinking", None)  # an effort request implies thinking
     merged.update(kwargs)  # ordinary kwargs: null stays None
