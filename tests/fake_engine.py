@@ -10,6 +10,7 @@ Answers (to the last user message T):
   "long: ..."     "tick " until max_tokens or cancel
   "fail: ..."     a few tokens, then finish_reason "error"
   "slow: ..."     like greedy but waits `slow_pause` before the first token
+  T in `scripted` the raw reply text scripted[T] (reasoning and tool-call markup included)
 """
 
 from __future__ import annotations
@@ -159,10 +160,11 @@ class FakeHandle:
                 token = None
             position += 1
             count += 1
-            if token is None:  # eos
-                yield self._final(
-                    held, count, "stop", engine.tokenizer.eos_token_ids[0], prompt_done
-                )
+            if token is None:  # eos: counted and listed, its text withheld (as the engine does)
+                eos = engine.tokenizer.eos_token_ids[0]
+                event = self._final(held, count, "stop", eos, prompt_done)
+                event.token_ids = [eos]
+                yield event
                 return
             held += bytes([token - FakeTokenizer.OFFSET])
             for stop in stops:
@@ -261,6 +263,7 @@ class FakeEngine:
         self.active = 0
         self.outstanding = 0
         self.requests: list[GenerationRequest] = []
+        self.scripted: dict[str, str] = {}
         self._next_id = 0
         self._lanes_obj: asyncio.Semaphore | None = None
 
@@ -294,6 +297,8 @@ class FakeEngine:
         """Token ids of the reply and whether it repeats forever."""
         if user.startswith("long:"):
             return self.tokenizer.encode("tick ", allow_special=False), True
+        if user in self.scripted:
+            return self.tokenizer.encode(self.scripted[user], allow_special=False), False
         text = f"You said: {user}."
         if request.sampling.temperature > 0:
             rng = random.Random(request.sampling.seed)  # None: fresh entropy

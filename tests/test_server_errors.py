@@ -76,9 +76,9 @@ def test_malformed_json(server):
         ({"logit_bias": {"5": 1.5}}, "unsupported_parameter", "logit_bias"),
         ({"logprobs": True}, "unsupported_parameter", "logprobs"),
         (
-            {"tools": [{"type": "function", "function": {"name": "f"}}]},
-            "unsupported_parameter",
-            "tools",
+            {"tools": [{"type": "function", "function": {}}]},
+            "invalid_value",
+            "tools[0].function.name",
         ),
         ({"response_format": {"type": "json_object"}}, "unsupported_parameter", "response_format"),
         (
@@ -87,13 +87,13 @@ def test_malformed_json(server):
                     {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
                 ]
             },
-            "unsupported_parameter",
+            "vision_disabled",
             "messages[0].content[0].type",
         ),
         (
             {"messages": [{"role": "tool", "content": "x"}]},
-            "unsupported_parameter",
-            "messages[0].role",
+            "missing_required_parameter",
+            "messages[0].tool_call_id",
         ),
     ],
 )

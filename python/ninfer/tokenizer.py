@@ -81,13 +81,13 @@ class Tokenizer:
         try:
             text = document.decode("utf-8")
             self._tokenizer = _HFTokenizer.from_str(text)
-            # A second instance treats special-token spellings as text; a per-call toggle of
-            # the flag on one shared instance would race between threads.
-            self._plain = _HFTokenizer.from_str(text)
+            self._spec: dict[str, Any] = json.loads(text)
+            # A second instance without added tokens treats every control-token spelling as
+            # text, including added tokens not flagged special (Qwen's `<tool_call>`,
+            # `<think>`), which `encode_special_tokens` would still match.
+            self._plain = _HFTokenizer.from_str(json.dumps({**self._spec, "added_tokens": []}))
         except Exception as e:  # tokenizers raises a bare Exception for bad documents
             raise ValueError(f"invalid tokenizer.json: {e}") from e
-        self._plain.encode_special_tokens = True
-        self._spec: dict[str, Any] = json.loads(text)
         self.bos_token_id = bos_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.add_bos_token = add_bos_token
@@ -117,6 +117,10 @@ class Tokenizer:
         """Token ids of `text`; with allow_special=False control-token spellings are plain text."""
         tokenizer = self._tokenizer if allow_special else self._plain
         return tokenizer.encode(text, add_special_tokens=False).ids
+
+    def added_token_spellings(self) -> list[str]:
+        """The spellings of tokenizer.json's added tokens (the control tokens)."""
+        return [t["content"] for t in self._spec.get("added_tokens") or [] if t.get("content")]
 
     def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
         tokenizer = self._tokenizer if allow_special else self._plain

@@ -1,6 +1,7 @@
 """Sampling precedence shared by every protocol.
 
-Artifact generation defaults, then process flags, then request fields, then --greedy.
+Artifact generation defaults, then the registered defaults of the architecture for the
+request's thinking mode, then process flags, then request fields, then --greedy.
 """
 
 from __future__ import annotations
@@ -30,18 +31,53 @@ def artifact_sampling_defaults(generation: dict) -> dict[str, float | int]:
     return defaults
 
 
+# Registered defaults (Qwen3.6 model cards): temperature/top-p/top-k/min-p/presence penalty,
+# by thinking mode. The MoE (35B-A3B) differs only in its thinking presence penalty.
+_QWEN3_6_THINKING = {
+    "temperature": 1.0,
+    "top_p": 0.95,
+    "top_k": 20,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+_QWEN3_6_INSTRUCT = {
+    "temperature": 0.7,
+    "top_p": 0.80,
+    "top_k": 20,
+    "min_p": 0.0,
+    "presence_penalty": 1.5,
+    "frequency_penalty": 0.0,
+}
+ARCHITECTURE_PRESETS: dict[str, dict[bool, dict[str, float | int]]] = {
+    "qwen3_5": {True: _QWEN3_6_THINKING, False: _QWEN3_6_INSTRUCT},
+    "qwen3_5_moe": {True: {**_QWEN3_6_THINKING, "presence_penalty": 1.5}, False: _QWEN3_6_INSTRUCT},
+}
+
+
+def architecture_sampling_presets(header: dict) -> dict[bool, dict[str, float | int]]:
+    """Registered sampler defaults of the artifact's architecture, keyed by thinking mode."""
+    return ARCHITECTURE_PRESETS.get(str(header.get("architecture") or ""), {})
+
+
 @dataclass(slots=True)
 class SamplingPolicy:
     artifact_defaults: dict[str, float | int] = field(default_factory=dict)
+    architecture_presets: dict[bool, dict[str, float | int]] = field(default_factory=dict)
     process_overrides: dict[str, float | int] = field(default_factory=dict)
     process_seed: int | None = None
     greedy: bool = False
 
     def resolve(
-        self, request_fields: dict[str, float | int | None], seed: int | None
+        self,
+        request_fields: dict[str, float | int | None],
+        seed: int | None,
+        *,
+        thinking: bool = True,
     ) -> SamplingParams:
         params = SamplingParams()
-        for layer in (self.artifact_defaults, self.process_overrides, request_fields):
+        preset = self.architecture_presets.get(thinking, {})
+        for layer in (self.artifact_defaults, preset, self.process_overrides, request_fields):
             for name, value in layer.items():
                 if value is not None:
                     setattr(params, name, value)

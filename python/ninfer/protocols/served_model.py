@@ -6,7 +6,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.prompt import ChatTemplate
-from ninfer.protocols.sampling import SamplingPolicy, artifact_sampling_defaults
+from ninfer.prompt.template_options import EffortLadder
+from ninfer.protocols.sampling import (
+    SamplingPolicy,
+    architecture_sampling_presets,
+    artifact_sampling_defaults,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputMarkup:
+    """Which Qwen output markup the served template speaks (decided once, at load)."""
+
+    reasoning: bool = False  # `<think>` ... `</think>`
+    tool_calls: bool = False  # `<tool_call>` XML function calls
+    think_end_token_id: int | None = None  # the `</think>` control token, when there is one
+
+    @classmethod
+    def detect(cls, template_source: str, tokenizer: Any) -> OutputMarkup:
+        token_to_id = getattr(tokenizer, "token_to_id", None)
+        think_end = token_to_id("</think>") if callable(token_to_id) else None
+        return cls(
+            reasoning="<think>" in template_source,
+            tool_calls="<tool_call>" in template_source,
+            think_end_token_id=think_end if isinstance(think_end, int) else None,
+        )
 
 
 @dataclass(slots=True)
@@ -17,6 +41,9 @@ class ServedModel:
     sampling: SamplingPolicy
     default_max_tokens: int
     template_defaults: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
+    effort_ladder: EffortLadder = field(default_factory=EffortLadder)
+    markup: OutputMarkup = field(default_factory=OutputMarkup)
+    tolerant_tool_calls: bool = False
 
     @property
     def max_context(self) -> int:
@@ -46,6 +73,8 @@ def load_served_model(
     default_max_tokens: int = 8192,
     no_thinking: bool = False,
     preserve_thinking: bool = False,
+    reasoning_effort: str | None = None,
+    tolerant_tool_calls: bool = False,
 ) -> ServedModel:
     header = engine.header
     source = chat_template if chat_template is not None else engine.chat_template()
@@ -60,16 +89,25 @@ def load_served_model(
         defaults["enable_thinking"] = False
     if preserve_thinking:
         defaults["preserve_thinking"] = True
+    ladder = EffortLadder.probe(template)
+    if reasoning_effort == "none":
+        defaults["enable_thinking"] = False
+    elif reasoning_effort is not None:
+        defaults["reasoning_effort"] = ladder.nearest(reasoning_effort)
     return ServedModel(
         engine=engine,
         public_id=public_model_id(header, model_id),
         template=template,
         sampling=SamplingPolicy(
             artifact_defaults=artifact_sampling_defaults(header.get("generation") or {}),
+            architecture_presets=architecture_sampling_presets(header),
             process_overrides=dict(process_sampling or {}),
             process_seed=process_seed,
             greedy=greedy,
         ),
         default_max_tokens=default_max_tokens,
         template_defaults=defaults,
+        effort_ladder=ladder,
+        markup=OutputMarkup.detect(source, engine.tokenizer),
+        tolerant_tool_calls=tolerant_tool_calls,
     )

@@ -12,10 +12,12 @@ from typing import Any
 
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.chat_completions import chat_completions
+from ninfer.server.completions import completions
 from ninfer.server.config import AppConfig
 from ninfer.server.errors import ApiError, from_engine_error
 from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
 from ninfer.server.inflight import InflightRequests
+from ninfer.server.tokenize import detokenize, tokenize, version
 
 log = logging.getLogger("ninfer.server")
 
@@ -67,11 +69,31 @@ async def _chat(app: NInferApp, request: HttpRequest, params: dict[str, str]) ->
     await chat_completions(request, app.served, app.config, app.inflight)
 
 
+async def _completions(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await completions(request, app.served, app.config, app.inflight)
+
+
+async def _tokenize(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await tokenize(request, app.served, app.config)
+
+
+async def _detokenize(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await detokenize(request, app.served, app.config)
+
+
+async def _version(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await version(request)
+
+
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", _health, public=True),
     Route("GET", "/v1/models", _list_models),
     Route("GET", "/v1/models/{model_id}", _get_model),
     Route("POST", "/v1/chat/completions", _chat),
+    Route("POST", "/v1/completions", _completions),
+    Route("POST", "/tokenize", _tokenize),
+    Route("POST", "/detokenize", _detokenize),
+    Route("GET", "/version", _version),
 )
 
 _DOUBLED_PREFIX = "/v1/v1/"

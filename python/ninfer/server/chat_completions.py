@@ -10,17 +10,19 @@ from typing import Any
 import msgspec
 
 from ninfer.engine_types import EngineEvent
-from ninfer.outputs import IncrementalTextDecoder
+from ninfer.outputs.channels import ChannelDelta
 from ninfer.protocols.openai_chat import render
 from ninfer.protocols.openai_chat.lowering import LoweredChat, lower_chat_request
 from ninfer.protocols.openai_chat.protocol import decode_request
 from ninfer.protocols.openai_chat.render import ChatRenderer
 from ninfer.protocols.served_model import ServedModel
+from ninfer.protocols.turn import TurnDecoder, TurnResult
 from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
-from ninfer.server.errors import ApiError, from_decode_error, from_engine_error
+from ninfer.server.errors import from_decode_error
+from ninfer.server.generation import fail_stream, no_final_event, raise_if_failed, run_generation
 from ninfer.server.http import HttpRequest
-from ninfer.server.inflight import InflightRequests, shutting_down
+from ninfer.server.inflight import InflightRequests
 from ninfer.server.sse import SseStream, with_heartbeat
 
 log = logging.getLogger("ninfer.server")
@@ -37,27 +39,18 @@ async def chat_completions(
         raise from_decode_error(exc) from None
     lowered = lower_chat_request(parsed, served)
     started = time.perf_counter()
-    watcher = DisconnectWatcher(request.receive)
-    try:
-        try:
-            handle = served.engine.submit(lowered.generation)
-        except ValueError as exc:  # the engine's verdict on this request's parameters
-            raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
-        watcher.on_disconnect(handle.cancel)
-        inflight.add(handle)
-        try:
-            await watcher.race(handle.admitted())
-            renderer = ChatRenderer(served.public_id)
-            if lowered.stream:
-                final = await _stream(request, handle, renderer, lowered, watcher, config)
-            else:
-                final = await _aggregate(request, handle, renderer, lowered, watcher)
-        finally:
-            inflight.discard(handle)
-            handle.cancel()  # idempotent; frees the lane on every early exit
-    finally:
-        watcher.stop()
-    _log_done(request, lowered, final, watcher.disconnected.is_set(), started)
+    renderer = ChatRenderer(served.public_id)
+    results: list[TurnResult] = []
+
+    async def respond(handle: Any, watcher: DisconnectWatcher) -> EngineEvent | None:
+        if lowered.stream:
+            return await _stream(request, handle, renderer, lowered, watcher, config, results)
+        return await _aggregate(request, handle, renderer, lowered, watcher, results)
+
+    final, disconnected = await run_generation(
+        request, served, inflight, lowered.generation, respond
+    )
+    _log_done(request, lowered, results[0] if results else None, final, disconnected, started)
 
 
 async def _aggregate(
@@ -66,28 +59,26 @@ async def _aggregate(
     renderer: ChatRenderer,
     lowered: LoweredChat,
     watcher: DisconnectWatcher,
+    results: list[TurnResult],
 ) -> EngineEvent | None:
-    decoder = IncrementalTextDecoder()
-    pieces: list[str] = []
+    turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)
     async for event in handle:
-        pieces.append(decoder.feed(event.text))
+        turn.feed(event)
         if event.finished:
-            pieces.append(decoder.flush())
             if watcher.disconnected.is_set():
                 return event
-            _raise_if_failed(event)
-            prompt_tokens = event.prompt_tokens or lowered.prompt_tokens
+            raise_if_failed(event)
+            _, result = turn.finish(event)
+            results.append(result)
+            timings = render.llama_timings(
+                result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+            )
+            prompt_ids = lowered.generation.prompt_ids if lowered.return_token_ids else None
             await request.send_json(
-                200,
-                renderer.aggregate(
-                    "".join(pieces),
-                    render.finish_reason(event.finish_reason),
-                    render.usage(prompt_tokens, event.completion_tokens),
-                    render.llama_timings(event.timings, prompt_tokens, event.completion_tokens),
-                ),
+                200, renderer.aggregate(result, lowered.tools, timings, prompt_ids)
             )
             return event
-    raise ApiError(500, "the engine ended the request without a final event", code="engine_error")
+    raise no_final_event()
 
 
 async def _stream(
@@ -97,53 +88,94 @@ async def _stream(
     lowered: LoweredChat,
     watcher: DisconnectWatcher,
     config: AppConfig,
+    results: list[TurnResult],
 ) -> EngineEvent | None:
     sse = SseStream(request)
     await sse.open()
+    turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)
+    total = lowered.prompt_tokens
     try:
-        await sse.event(renderer.role_chunk())
-        decoder = IncrementalTextDecoder()
+        first = renderer.role_chunk()
+        if lowered.return_token_ids:
+            first["prompt_token_ids"] = lowered.generation.prompt_ids
+        await sse.event(first)
+        if lowered.return_progress:
+            await sse.event(renderer.progress_chunk(_progress(total, 0, turn)))
+        prompt_done = False
         events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
         async with contextlib.aclosing(events):
             async for event in events:
                 if watcher.disconnected.is_set():
                     return event
-                text = decoder.feed(event.text) + (decoder.flush() if event.finished else "")
-                if text:
-                    await sse.event(renderer.content_chunk(text))
+                delta = turn.feed(event)
+                if (
+                    lowered.return_progress
+                    and not prompt_done
+                    and (event.token_ids or event.finished)
+                ):
+                    prompt_done = True
+                    await sse.event(renderer.progress_chunk(_progress(total, total, turn)))
+                await _send_delta(sse, renderer, lowered, turn, delta)
                 if event.finished:
-                    _raise_if_failed(event)
-                    await _send_stream_end(sse, renderer, lowered, event, config.usage_chunk_choice)
+                    raise_if_failed(event)
+                    tail, result = turn.finish(event)
+                    results.append(result)
+                    await _send_delta(sse, renderer, lowered, turn, tail)
+                    await _send_stream_end(
+                        sse, renderer, lowered, result, config.usage_chunk_choice
+                    )
                     return event
-        raise ApiError(
-            500, "the engine ended the request without a final event", code="engine_error"
-        )
+        raise no_final_event()
     except Exception as exc:
-        if watcher.disconnected.is_set():
-            return None
-        error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
-        if error is None:
-            log.exception("%s: stream failed", request.request_id)
-            error = ApiError(500, "internal error while streaming", code="internal_error")
-        await sse.fail(error.body())
+        await fail_stream(request, sse, exc, watcher)
         return None
+
+
+def _progress(total: int, processed: int, turn: TurnDecoder) -> dict[str, Any]:
+    elapsed = (time.perf_counter() - turn.clock.admitted) * 1000.0
+    return {"total": total, "cache": 0, "processed": processed, "time_ms": round(elapsed)}
+
+
+async def _send_delta(
+    sse: SseStream,
+    renderer: ChatRenderer,
+    lowered: LoweredChat,
+    turn: TurnDecoder,
+    delta: ChannelDelta,
+) -> None:
+    chunks = []
+    if delta.reasoning:
+        chunks.append(renderer.reasoning_chunk(delta.reasoning))
+    if delta.content:
+        chunks.append(renderer.content_chunk(delta.content))
+    for chunk in chunks:
+        if lowered.timings_per_token:
+            chunk["timings"] = render.llama_timings(
+                turn.clock.snapshot(), lowered.prompt_tokens, turn.clock.committed
+            )
+        await sse.event(chunk)
 
 
 async def _send_stream_end(
     sse: SseStream,
     renderer: ChatRenderer,
     lowered: LoweredChat,
-    event: EngineEvent,
+    result: TurnResult,
     usage_chunk_choice: bool,
 ) -> None:
-    prompt_tokens = event.prompt_tokens or lowered.prompt_tokens
-    timings = render.llama_timings(event.timings, prompt_tokens, event.completion_tokens)
-    finish = renderer.finish_chunk(render.finish_reason(event.finish_reason))
+    if result.tool_calls:
+        await sse.event(
+            renderer.tool_calls_chunk(render.tool_calls(result.tool_calls, lowered.tools))
+        )
+    timings = render.llama_timings(
+        result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+    )
+    finish = renderer.finish_chunk(result.finish_reason)
+    if lowered.return_token_ids:
+        finish["choices"][0]["token_ids"] = result.token_ids
     if lowered.include_usage:
         await sse.event(finish)
-        last = renderer.usage_chunk(
-            render.usage(prompt_tokens, event.completion_tokens), with_choice=usage_chunk_choice
-        )
+        last = renderer.usage_chunk(render.usage(result.usage), with_choice=usage_chunk_choice)
     else:
         last = finish
     last["timings"] = timings  # llama.cpp puts timings on the last JSON chunk
@@ -151,33 +183,31 @@ async def _send_stream_end(
     await sse.finish()
 
 
-def _raise_if_failed(event: EngineEvent) -> None:
-    if event.finish_reason == "error":
-        raise ApiError(
-            500, f"generation failed: {event.error or 'engine error'}", code="engine_error"
-        )
-    if event.finish_reason == "cancelled":
-        raise shutting_down()  # cancelled by the server itself: only a stop does that
-
-
 def _log_done(
     request: HttpRequest,
     lowered: LoweredChat,
+    result: TurnResult | None,
     final: EngineEvent | None,
     disconnected: bool,
     started: float,
 ) -> None:
     elapsed_ms = (time.perf_counter() - started) * 1000.0
-    if final is None or disconnected:
+    if final is None or result is None or disconnected:
         outcome = "client disconnected" if disconnected else "failed"
         log.info("%s chat %s after %.0f ms", request.request_id, outcome, elapsed_ms)
         return
+    report = result.report.as_dict() if result.report is not None else None
     log.info(
-        "%s chat done: prompt %d, completion %d, finish %s, %s, %.0f ms",
+        "%s chat done: prompt %d, completion %d (reasoning %d), finish %s, tool calls %d, "
+        "effort %s, %s, %.0f ms%s",
         request.request_id,
-        lowered.prompt_tokens,
-        final.completion_tokens,
-        final.finish_reason,
+        result.usage.prompt_tokens,
+        result.usage.completion_tokens,
+        result.usage.reasoning_tokens,
+        result.finish_reason,
+        len(result.tool_calls),
+        lowered.prompt.options.requested_effort or "-",
         "stream" if lowered.stream else "aggregate",
         elapsed_ms,
+        f", tool_call_parse {report}" if report else "",
     )

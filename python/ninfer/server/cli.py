@@ -111,6 +111,8 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
             default_max_tokens=args.default_max_tokens,
             no_thinking=args.no_thinking,
             preserve_thinking=args.preserve_thinking,
+            reasoning_effort=args.reasoning_effort,
+            tolerant_tool_calls=args.tolerant_tool_calls,
         )
         await engine.warmup()
         app = NInferApp(

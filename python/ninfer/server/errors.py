@@ -95,13 +95,15 @@ def from_engine_error(exc: Exception) -> ApiError | None:
     return None
 
 
-def context_length_exceeded(prompt_tokens: int, max_context: int) -> ApiError:
+def context_length_exceeded(
+    prompt_tokens: int, max_context: int, param: str = "messages"
+) -> ApiError:
     return ApiError(
         400,
         f"the prompt has {prompt_tokens} tokens but this server's context ceiling is "
         f"{max_context} tokens",
         code="context_length_exceeded",
-        param="messages",
+        param=param,
     )
 
 

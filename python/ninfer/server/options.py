@@ -58,7 +58,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--cache-tap-min-gap", True, "prefix caching"),
     ("--prefix-cache-file", True, "prefix caching"),
     ("--device-state-slots", True, "prefix caching"),
-    ("--tolerant-tool-calls", False, "tool calling"),
 )
 
 
@@ -214,6 +213,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--preserve-thinking",
         action="store_true",
         help="keep earlier assistant reasoning in prompts by default (default: off)",
+    )
+    gen.add_argument(
+        "--reasoning-effort",
+        choices=("none", "minimal", "low", "medium", "high", "xhigh", "max"),
+        metavar="LEVEL",
+        help="default reasoning_effort for requests that give none; none = thinking off "
+        "(default: the template's own)",
+    )
+    gen.add_argument(
+        "--tolerant-tool-calls",
+        action="store_true",
+        help="recover complete tool calls cut by a malformed wrapper, a trailing suffix or the "
+        "output budget, and calls stranded in unclosed thinking, instead of returning the "
+        "markup as text (default: off)",
     )
     gen.add_argument(
         "--usage-chunk-choice",

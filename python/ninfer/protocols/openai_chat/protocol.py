@@ -26,16 +26,19 @@ class ContentPart(msgspec.Struct, kw_only=True):
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: Any = None
+    video_url: Any = None
 
 
 class Message(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
-    name: str | None = None
+    name: Any = None  # a string on tool messages is ignored; other roles refuse names
     reasoning_content: str | None = None
+    reasoning: str | None = None  # alias of reasoning_content (vLLM, OpenRouter)
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
-    function_call: Any = None
+    function_call: Any = None  # legacy assistant function-call history
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -79,6 +82,12 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     timings_per_token: bool | None = None
     return_progress: bool | None = None
     structured_outputs: Any = None
+    parallel_tool_calls: bool | None = None
+    # vLLM extensions
+    ignore_eos: bool | None = None
+    min_tokens: NonNegativeInt | None = None
+    stop_token_ids: list[NonNegativeInt] | None = None
+    return_token_ids: bool | None = None
 
 
 def decode_request(body: bytes) -> ChatCompletionRequest:

@@ -2,32 +2,64 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ninfer.engine_types import Timings
-
-# Engine finish reasons that a client can see; "cancelled" never reaches a live client.
-_FINISH_REASONS = {"stop": "stop", "length": "length"}
+from ninfer.outputs.channels import ToolCall
+from ninfer.protocols.conversation import CUSTOM_TOOL_INPUT, ToolDefinition
+from ninfer.protocols.turn import TurnResult, TurnUsage
 
 
 def completion_id() -> str:
     return f"chatcmpl-{secrets.token_hex(12)}"
 
 
-def finish_reason(engine_reason: str | None) -> str:
-    return _FINISH_REASONS.get(engine_reason or "", "stop")
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage(account: TurnUsage) -> dict[str, Any]:
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_tokens": account.prompt_tokens,
+        "completion_tokens": account.completion_tokens,
+        "total_tokens": account.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": account.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": account.reasoning_tokens},
     }
+
+
+def tool_calls(calls: Sequence[ToolCall], tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
+    """Published calls; a free-form custom tool's call carries its one string as `input`."""
+    custom = {t.name for t in tools if t.custom}
+    rendered = []
+    for call in calls:
+        if call.name in custom:
+            rendered.append(
+                {
+                    "id": call.id,
+                    "type": "custom",
+                    "custom": {"name": call.name, "input": _custom_input(call.arguments)},
+                }
+            )
+        else:
+            rendered.append(
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            )
+    return rendered
+
+
+def _custom_input(arguments: str) -> str:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get(CUSTOM_TOOL_INPUT), str):
+        return value[CUSTOM_TOOL_INPUT]
+    return arguments
 
 
 def llama_timings(
@@ -65,25 +97,41 @@ class ChatRenderer:
         self.created = int(time.time())
 
     def aggregate(
-        self, content: str, reason: str, usage_obj: dict[str, Any], timings: dict[str, Any]
+        self,
+        result: TurnResult,
+        tools: Sequence[ToolDefinition],
+        timings: dict[str, Any],
+        prompt_token_ids: list[int] | None = None,
     ) -> dict[str, Any]:
-        return {
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": result.content if result.content or not result.tool_calls else None,
+            "refusal": None,
+        }
+        if result.reasoning:
+            message["reasoning_content"] = result.reasoning
+        if result.tool_calls:
+            message["tool_calls"] = tool_calls(result.tool_calls, tools)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": result.finish_reason,
+        }
+        body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": reason,
-                }
-            ],
-            "usage": usage_obj,
+            "choices": [choice],
+            "usage": usage(result.usage),
             "timings": timings,
         }
+        if prompt_token_ids is not None:
+            body["prompt_token_ids"] = prompt_token_ids
+            choice["token_ids"] = result.token_ids
+        return body
 
     def chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         return self._chunk(
@@ -95,6 +143,17 @@ class ChatRenderer:
 
     def content_chunk(self, text: str) -> dict[str, Any]:
         return self.chunk({"content": text})
+
+    def reasoning_chunk(self, text: str) -> dict[str, Any]:
+        return self.chunk({"reasoning_content": text})
+
+    def tool_calls_chunk(self, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+
+    def progress_chunk(self, progress: dict[str, Any]) -> dict[str, Any]:
+        chunk = self._chunk([])
+        chunk["prompt_progress"] = progress
+        return chunk
 
     def finish_chunk(self, reason: str) -> dict[str, Any]:
         return self.chunk({}, reason)

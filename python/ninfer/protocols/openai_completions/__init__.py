@@ -1,0 +1,1 @@
+"""OpenAI legacy Completions (POST /v1/completions)."""

@@ -1,0 +1,79 @@
+"""Running one GenerationRequest on the engine for an HTTP request (every generation route).
+
+Submission, admission, disconnect-driven cancellation, the in-flight registry and the
+failure mapping of a stream that has already started are the same for Chat Completions and
+/v1/completions (and the later Responses and Anthropic adapters); each route only supplies
+how it answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ninfer.engine_types import EngineEvent, GenerationRequest
+from ninfer.protocols.served_model import ServedModel
+from ninfer.server.disconnect import DisconnectWatcher
+from ninfer.server.errors import ApiError, from_engine_error
+from ninfer.server.http import HttpRequest
+from ninfer.server.inflight import InflightRequests, shutting_down
+from ninfer.server.sse import SseStream
+
+log = logging.getLogger("ninfer.server")
+
+Respond = Callable[[Any, DisconnectWatcher], Awaitable[EngineEvent | None]]
+
+
+async def run_generation(
+    request: HttpRequest,
+    served: ServedModel,
+    inflight: InflightRequests,
+    generation: GenerationRequest,
+    respond: Respond,
+) -> tuple[EngineEvent | None, bool]:
+    """Submit, wait for a lane, then `respond(handle, watcher)`; returns its final event and
+    whether the client disconnected."""
+    watcher = DisconnectWatcher(request.receive)
+    try:
+        try:
+            handle = served.engine.submit(generation)
+        except ValueError as exc:  # the engine's verdict on this request's parameters
+            raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
+        watcher.on_disconnect(handle.cancel)
+        inflight.add(handle)
+        try:
+            await watcher.race(handle.admitted())
+            final = await respond(handle, watcher)
+        finally:
+            inflight.discard(handle)
+            handle.cancel()  # idempotent; frees the lane on every early exit
+    finally:
+        watcher.stop()
+    return final, watcher.disconnected.is_set()
+
+
+def raise_if_failed(event: EngineEvent) -> None:
+    if event.finish_reason == "error":
+        raise ApiError(
+            500, f"generation failed: {event.error or 'engine error'}", code="engine_error"
+        )
+    if event.finish_reason == "cancelled":
+        raise shutting_down()  # cancelled by the server itself: only a stop does that
+
+
+def no_final_event() -> ApiError:
+    return ApiError(500, "the engine ended the request without a final event", code="engine_error")
+
+
+async def fail_stream(
+    request: HttpRequest, sse: SseStream, exc: Exception, watcher: DisconnectWatcher
+) -> None:
+    """A failure after the stream started: one error event (unless the client left)."""
+    if watcher.disconnected.is_set():
+        return
+    error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
+    if error is None:
+        log.exception("%s: stream failed", request.request_id)
+        error = ApiError(500, "internal error while streaming", code="internal_error")
+    await sse.fail(error.body())
