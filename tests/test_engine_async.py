@@ -253,7 +253,7 @@ def test_step_failures_are_logged_and_health_follows_the_core(caplog):
         for _ in range(8):
             _, _, events = await _stream(engine.submit(GenerationRequest([1], 3)))
             assert events[-1].finish_reason == "error"
-        for _ in range(100):
+        for _ in range(500):  # generous: CI machines are busy
             if not engine.healthy:
                 break
             await asyncio.sleep(0.01)
