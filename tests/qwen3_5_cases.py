@@ -77,9 +77,10 @@ def hf_model(architecture: str, seed: int = 0, overrides: dict[str, Any] | None 
     return model
 
 
-def build_artifact(architecture: str, folder: Path, seed: int = 0) -> tuple[Any, Path]:
+def build_artifact(architecture: str, folder: Path, seed: int = 0,
+                   overrides: dict[str, Any] | None = None) -> tuple[Any, Path]:
     """(the transformers model, its converted f32 .ninfer artifact)."""
-    model = hf_model(architecture, seed)
+    model = hf_model(architecture, seed, overrides)
     hf = folder / "hf"
     model.save_pretrained(hf)
     (hf / "tokenizer.json").write_bytes(synthetic_tokenizer_json())

@@ -138,3 +138,16 @@ def test_state_cannot_be_rewound_and_reset_restarts_the_lane(case):
     np.testing.assert_array_equal(runner.forward(0, 0, ids), first)
     with pytest.raises(ValueError, match="appears twice"):
         _runner(artifact).forward_batch([(0, 0, ids[:5]), (0, 0, ids[5:])])
+
+
+def test_model_of_only_gdn_layers_matches_transformers(tmp_path):
+    # No full-attention layer: the KV pool keeps one (unused) layer for the page bookkeeping.
+    overrides = dict(num_hidden_layers=2, layer_types=["linear_attention"] * 2)
+    model, artifact = build_artifact("qwen3_5", tmp_path, seed=3, overrides=overrides)
+    ids = _tokens(6, 80)
+    exact = _hf_logits(copy.deepcopy(model).double(), ids)
+    hf_error = np.abs(_hf_logits(model, ids) - exact).max()
+    runner = _runner(artifact)
+    assert runner.info["num_kv_layers"] == 1
+    ours = runner.forward(0, 0, ids, all_logits=True)
+    assert np.abs(ours - exact).max() <= max(3.0 * hf_error, 2e-5 * np.abs(exact).max())
