@@ -69,14 +69,7 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         prompt_ids=prompt.ids,
         max_tokens=_max_tokens(request, len(prompt.ids), served),
         sampling=served.sampling.resolve(
-            {
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "top_k": request.top_k,
-                "min_p": request.min_p,
-                "presence_penalty": request.presence_penalty,
-                "frequency_penalty": request.frequency_penalty,
-            },
+            request.sampling_fields(),
             request.seed,
             thinking=prompt.thinking_on,
         ),

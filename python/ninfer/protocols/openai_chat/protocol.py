@@ -7,19 +7,11 @@ unsupported options) live in lowering.py. Unknown top-level fields are ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
-
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
-Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
-UnitFloat = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-TopK = Annotated[int, msgspec.Meta(ge=0, le=20)]
-Seed = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+from ninfer.protocols.generation_fields import GenerationFields, NonNegativeInt
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -41,30 +33,12 @@ class Message(msgspec.Struct, kw_only=True):
     function_call: Any = None  # legacy assistant function-call history
 
 
-class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool | None = None
-
-
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
-    model: str
+class ChatCompletionRequest(GenerationFields, kw_only=True):
     messages: list[Message]
     max_tokens: NonNegativeInt | None = None
     max_completion_tokens: NonNegativeInt | None = None
-    temperature: Temperature | None = None
-    top_p: UnitFloat | None = None
-    top_k: TopK | None = None
-    min_p: UnitFloat | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: float | None = None
-    seed: Seed | None = None
-    stop: str | list[str] | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    n: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     tools: list[Any] | None = None
@@ -83,11 +57,6 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     return_progress: bool | None = None
     structured_outputs: Any = None
     parallel_tool_calls: bool | None = None
-    # vLLM extensions
-    ignore_eos: bool | None = None
-    min_tokens: NonNegativeInt | None = None
-    stop_token_ids: list[NonNegativeInt] | None = None
-    return_token_ids: bool | None = None
 
 
 def decode_request(body: bytes) -> ChatCompletionRequest:

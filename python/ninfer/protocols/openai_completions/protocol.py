@@ -13,46 +13,19 @@ from typing import Any
 import msgspec
 
 from ninfer.engine_types import GenerationRequest
+from ninfer.protocols.generation_fields import GenerationFields
 from ninfer.protocols.openai_chat.lowering import check_model, stop_strings, stop_token_ids
-from ninfer.protocols.openai_chat.protocol import (
-    NonNegativeInt,
-    Penalty,
-    Seed,
-    StreamOptions,
-    Temperature,
-    TopK,
-    UnitFloat,
-)
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.errors import context_length_exceeded, invalid, unsupported
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
-    model: str
+class CompletionRequest(GenerationFields, kw_only=True):
     prompt: str | list[Any]
     max_tokens: int | None = None
-    temperature: Temperature | None = None
-    top_p: UnitFloat | None = None
-    top_k: TopK | None = None
-    min_p: UnitFloat | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: float | None = None
-    seed: Seed | None = None
-    stop: str | list[str] | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    n: int | None = None
     best_of: int | None = None
     logprobs: int | None = None
     echo: bool | None = None
     suffix: str | None = None
-    logit_bias: dict[str, float] | None = None
-    # vLLM extensions
-    ignore_eos: bool | None = None
-    min_tokens: NonNegativeInt | None = None
-    stop_token_ids: list[NonNegativeInt] | None = None
-    return_token_ids: bool | None = None
 
 
 def decode_completion_request(body: bytes) -> CompletionRequest:
@@ -81,14 +54,7 @@ def lower_completion_request(request: CompletionRequest, served: ServedModel) ->
         prompt_ids=prompt_ids,
         max_tokens=_max_tokens(request.max_tokens, len(prompt_ids), served),
         sampling=served.sampling.resolve(
-            {
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "top_k": request.top_k,
-                "min_p": request.min_p,
-                "presence_penalty": request.presence_penalty,
-                "frequency_penalty": request.frequency_penalty,
-            },
+            request.sampling_fields(),
             request.seed,
         ),
         stop_strings=stop_strings(request.stop),

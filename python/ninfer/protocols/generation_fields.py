@@ -1,0 +1,59 @@
+"""Request fields that every OpenAI-style generation body shares, checked by msgspec.
+
+Chat Completions and legacy Completions subclass `GenerationFields`, so a range or type error
+names the same field the same way on both endpoints, and `sampling_fields()` is the one place
+that hands the sampler options to `SamplingPolicy.resolve`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+UnitFloat = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+TopK = Annotated[int, msgspec.Meta(ge=0, le=20)]
+Seed = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+
+
+class GenerationFields(msgspec.Struct, kw_only=True):
+    model: str
+    temperature: Temperature | None = None
+    top_p: UnitFloat | None = None
+    top_k: TopK | None = None
+    min_p: UnitFloat | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: float | None = None
+    seed: Seed | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM extensions
+    ignore_eos: bool | None = None
+    min_tokens: NonNegativeInt | None = None
+    stop_token_ids: list[NonNegativeInt] | None = None
+    return_token_ids: bool | None = None
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The sampler options as given (None = unset), for SamplingPolicy.resolve."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+        }
