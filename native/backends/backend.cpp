@@ -9,6 +9,34 @@ Weight Backend::random_weight(int64_t, int64_t, uint64_t, float) {
   throw std::runtime_error("the " + name() + " backend cannot make random weights");
 }
 
+namespace {
+
+[[noreturn]] void not_implemented(const Backend& backend, const char* op) {
+  throw std::runtime_error(std::string(op) + " is not implemented on " + backend.name() + " yet");
+}
+
+}  // namespace
+
+void Backend::fill_zero(float*, int64_t) { not_implemented(*this, "fill_zero"); }
+void Backend::copy(float*, const float*, int64_t) { not_implemented(*this, "copy"); }
+void Backend::gdn_mixer(const GdnShape&, const GdnLayerWeights&, std::span<const GdnSlice>, float*,
+                        const float*, const float*, const float*, float*, GdnForm) {
+  not_implemented(*this, "gdn_mixer");
+}
+void Backend::split_query_gate(const float*, int64_t, int64_t, int64_t, float*, float*) {
+  not_implemented(*this, "split_query_gate");
+}
+void Backend::sigmoid_mul(float*, const float*, int64_t) { not_implemented(*this, "sigmoid_mul"); }
+void Backend::add_sigmoid_gated(float*, const float*, const float*, int64_t, int64_t) {
+  not_implemented(*this, "add_sigmoid_gated");
+}
+void Backend::moe_experts(const float*, int64_t, int64_t, const float*, const MoeExperts&, float*) {
+  not_implemented(*this, "moe_experts");
+}
+void Backend::concat_columns(const float*, int64_t, const float*, int64_t, int64_t, float*) {
+  not_implemented(*this, "concat_columns");
+}
+
 #ifndef NINFER_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int) {
   throw std::runtime_error("device 'cuda' is not available: this build has no CUDA backend");

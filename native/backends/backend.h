@@ -70,6 +70,64 @@ struct MatmulOutput {
   float* y = nullptr;
 };
 
+// --- hybrid models (Qwen3.5/3.6): Gated DeltaNet, gated attention, sparse MoE ----------
+
+// Head layout and constants of a Gated DeltaNet layer (model spec §2.4). Value head j reads
+// query/key head j / (value_heads / key_heads): the value heads of one key head are adjacent.
+struct GdnShape {
+  int64_t key_heads = 0;     // Hk
+  int64_t value_heads = 0;   // Hv, a multiple of key_heads
+  int64_t key_dim = 0;       // dk
+  int64_t value_dim = 0;     // dv
+  int64_t conv_kernel = 4;   // K; the conv state keeps K-1 rows
+  int64_t chunk_size = 64;   // chunk of the chunked (prefill) form
+  float norm_eps = 1e-6f;    // of the gated output RMSNorm
+
+  int64_t key_width() const { return key_heads * key_dim; }
+  int64_t value_width() const { return value_heads * value_dim; }
+  int64_t conv_channels() const { return 2 * key_width() + value_width(); }  // q | k | v
+  int64_t conv_state_floats() const { return (conv_kernel - 1) * conv_channels(); }
+  int64_t ssm_state_floats() const { return value_heads * key_dim * value_dim; }
+};
+
+// The small per-layer GDN tensors, float32 in backend memory.
+struct GdnLayerWeights {
+  const float* conv_weight = nullptr;  // [conv_channels, K] (HF conv1d.weight [C, 1, K])
+  const float* A_log = nullptr;        // [Hv]
+  const float* dt_bias = nullptr;      // [Hv]
+  const float* norm_weight = nullptr;  // [dv], a plain gain (not 1 + w)
+};
+
+// One sequence of a gdn_mixer call: its rows in the step's arrays and its state slot (backend
+// memory). Slices tile the rows in order, as the slices of a BatchPlan do.
+struct GdnSlice {
+  int32_t row_begin = 0;
+  int32_t num_tokens = 0;
+  float* conv_state = nullptr;  // [K-1, conv_channels]: the last K-1 pre-conv rows, oldest first
+  float* ssm_state = nullptr;   // [Hv, dk, dv] fp32 recurrent state
+  // Optional (speculative verification, spec §3.2): the states after each of the slice's
+  // tokens. A non-null ssm_history selects the recurrent form for this slice.
+  float* conv_history = nullptr;  // [num_tokens, K-1, conv_channels]
+  float* ssm_history = nullptr;   // [num_tokens, Hv, dk, dv]
+};
+
+// Auto: the chunked form for slices of more than one token, the recurrent form otherwise.
+// Both give the same result up to rounding; the others force one form (tests).
+enum class GdnForm { Auto, Chunked, Recurrent };
+
+// The routed experts of a sparse MoE layer (spec §2.6), stacked. Expert e's gate projection is
+// rows [e·2ff, e·2ff + ff) of gate_up and its up projection rows [e·2ff + ff, (e+1)·2ff); its
+// down projection is rows [e·hidden, (e+1)·hidden) of down. (The artifact's [E, 2ff, H] and
+// [E, H, ff] stacks, uploaded as 2-D [E·2ff, H] and [E·H, ff].)
+struct MoeExperts {
+  Weight gate_up;             // [num_experts · 2·ff, hidden]
+  Weight down;                // [num_experts · hidden, ff]
+  int64_t num_experts = 0;
+  int64_t ff = 0;             // moe_intermediate_size
+  int64_t top_k = 0;
+  bool renormalize = true;    // divide the top-k probabilities by their sum
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -104,7 +162,9 @@ class Backend {
   }
   // out[i, :] = table[tokens[i], :] as float32. `tokens` is host memory.
   virtual void embedding(const Weight& table, std::span<const int32_t> tokens, float* out) = 0;
-  // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight (x may equal y).
+  // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight (x may equal y). The hybrid
+  // models' zero-centred "(1 + w)" RMSNorm is this op with the weight 1 + w, which models fold
+  // at load (fp32 1 + w, as HF rounds it before the multiply).
   virtual void rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
                         float* y) = 0;
   // Rotates x[t, h, 0:rotary_dim] in place by angle positions[t] * inv_freq[i] (HF
@@ -129,6 +189,47 @@ class Backend {
   // dst[i, :] = src[rows[i], :] for `cols`-wide rows; `rows` is host memory.
   virtual void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows,
                            float* dst) = 0;
+
+  // --- memory for recurrent state (hybrid models) --------------------------------------
+  // The backend owns state memory as it owns KV pages: models allocate their per-lane state
+  // slots with alloc and clear a lane's slot with fill_zero when the lane is (re)assigned.
+  // The defaults throw ("... is not implemented on <backend> yet").
+  // x[0, n) = 0.
+  virtual void fill_zero(float* x, int64_t n);
+  // dst[0, n) = src[0, n), both backend memory (forking a lane's state).
+  virtual void copy(float* dst, const float* src, int64_t n);
+
+  // --- hybrid ops (Qwen3.5/3.6, model spec §2-§3) -----------------------------------------
+  // Gated DeltaNet mixer of a batch of sequences, everything between the projections:
+  //   mixed [rows, conv_channels] = in_proj_qkv(x): causal depthwise conv1d (carried conv
+  //   state) + SiLU, split q | k | v, q and k L2-normalised per head (q also × dk^-0.5);
+  //   b, a [rows, Hv]: beta = sigmoid(b), g = -exp(A_log)·softplus(a + dt_bias);
+  //   the gated delta rule per value head with the fp32 ssm state (chunked or recurrent);
+  //   then out [rows, Hv·dv] = norm_weight ⊙ rmsnorm(o per head) ⊙ silu(z), z [rows, Hv·dv].
+  // mixed is overwritten (scratch). Each slice's conv and ssm states are read and updated, so
+  // consecutive calls equal one call over the concatenated tokens. `slices` is host memory.
+  virtual void gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weights,
+                         std::span<const GdnSlice> slices, float* mixed, const float* z,
+                         const float* b, const float* a, float* out, GdnForm form = GdnForm::Auto);
+  // q_proj output [tokens, heads, 2·head_dim] → query and gate [tokens, heads, head_dim]: head
+  // h's query is its first head_dim features, its gate the next head_dim (spec §2.3, §8.2).
+  virtual void split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads,
+                                int64_t head_dim, float* query, float* gate);
+  // x[i] *= sigmoid(gate[i]) over n elements (the gated attention's output gate).
+  virtual void sigmoid_mul(float* x, const float* gate, int64_t n);
+  // y[r, :] += sigmoid(gate_logits[r]) · x[r, :] for r < rows (the MoE shared expert, gated by
+  // one scalar per token).
+  virtual void add_sigmoid_gated(float* y, const float* x, const float* gate_logits, int64_t rows,
+                                 int64_t cols);
+  // out[t, :] = Σ_k w[t, k] · down_e(silu(gate_e x[t]) ⊙ up_e x[t]) over the top_k experts e of
+  // p = softmax(router_logits[t, :]) (fp32; ties to the lower id), w the chosen p, renormalised
+  // when experts.renormalize. x [tokens, hidden], router_logits [tokens, num_experts], out
+  // [tokens, hidden] (overwritten). A backend groups the (token, expert) pairs by expert.
+  virtual void moe_experts(const float* x, int64_t tokens, int64_t hidden,
+                           const float* router_logits, const MoeExperts& experts, float* out);
+  // out[r, :] = [a[r, :] | b[r, :]] ([rows, a_cols + b_cols]; the MTP head's fc input).
+  virtual void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols,
+                              int64_t rows, float* out);
 };
 
 // The CPU backend; threads = 0 uses every core.

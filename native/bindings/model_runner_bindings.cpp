@@ -14,6 +14,7 @@
 #include "bindings/bindings.h"
 #include "cache/kv_pool.h"
 #include "models/model.h"
+#include "models/qwen3_5.h"
 
 namespace py = pybind11;
 
@@ -59,12 +60,7 @@ class ModelRunner {
       if (end > max_context_)
         throw py::value_error("lane " + std::to_string(lane) + " would exceed max_context " +
                               std::to_string(max_context_));
-      const int64_t needed = (end + kPageTokens - 1) / kPageTokens - static_cast<int64_t>(state.pages.size());
-      if (needed > 0) {
-        auto pages = kv_->allocate(needed);
-        if (!pages) throw std::runtime_error("KV pool exhausted");
-        state.pages.insert(state.pages.end(), pages->begin(), pages->end());
-      }
+      ensure_pages(state, end);
       SeqSlice slice;
       slice.lane = lane;
       slice.start_pos = start_pos;
@@ -93,6 +89,45 @@ class ModelRunner {
     py::array_t<float> rows = forward_batch({{lane, start_pos, tokens}}, all_logits);
     if (all_logits) return rows;
     return rows.attr("reshape")(py::make_tuple(info().vocab_size)).cast<py::array_t<float>>();
+  }
+
+  // One MTP draft step (hybrid models, spec §4): slot i pairs hidden_prev[i] (the main model's
+  // final-normed hidden at position start_pos + i) with tokens[i]; uses the lane's pages (the
+  // MTP head's own KV layer). Returns (logits [n, vocab], hidden after mtp.norm [n, hidden]).
+  std::tuple<py::array_t<float>, py::array_t<float>> forward_mtp(
+      int lane, int start_pos, const std::vector<int32_t>& tokens,
+      const py::array_t<float, py::array::c_style | py::array::forcecast>& hidden_prev, int step) {
+    auto* head = dynamic_cast<MtpHead*>(model_.get());
+    if (!head) throw py::value_error("this model has no MTP head");
+    Lane& state = lane_at(lane);
+    const auto n = static_cast<py::ssize_t>(tokens.size());
+    const auto h = static_cast<py::ssize_t>(info().hidden_size);
+    if (n == 0 || start_pos < 0) throw py::value_error("forward_mtp needs tokens and a non-negative start_pos");
+    if (hidden_prev.ndim() != 2 || hidden_prev.shape(0) != n || hidden_prev.shape(1) != h)
+      throw py::value_error("hidden_prev must be [len(tokens), hidden_size]");
+    const int64_t end = static_cast<int64_t>(start_pos) + n;
+    if (end > max_context_) throw py::value_error("forward_mtp would exceed max_context");
+    ensure_pages(state, end);
+    BatchPlan plan;
+    SeqSlice slice;
+    slice.lane = lane;
+    slice.start_pos = start_pos;
+    slice.num_tokens = static_cast<int32_t>(n);
+    slice.page_table = state.pages.data();
+    slice.num_pages = static_cast<int32_t>(state.pages.size());
+    slice.all_logits = true;
+    plan.slices.push_back(slice);
+    plan.tokens = tokens;
+    py::array_t<float> logits({n, static_cast<py::ssize_t>(info().vocab_size)});
+    py::array_t<float> hidden({n, h});
+    float* logits_out = logits.mutable_data();
+    float* hidden_out = hidden.mutable_data();
+    const float* hidden_in = hidden_prev.data();
+    {
+      py::gil_scoped_release release;
+      head->forward_mtp(plan, hidden_in, step, logits_out, hidden_out);
+    }
+    return {logits, hidden};
   }
 
   void reset(int lane) {
@@ -133,6 +168,15 @@ class ModelRunner {
     int64_t borrowed_pages = 0;  // leading pages owned by lane `borrowed_from` (share_prefix)
     int borrowed_from = -1;
   };
+
+  // Grows the lane's page table to cover positions [0, end).
+  void ensure_pages(Lane& state, int64_t end) {
+    const int64_t needed = (end + kPageTokens - 1) / kPageTokens - static_cast<int64_t>(state.pages.size());
+    if (needed <= 0) return;
+    auto pages = kv_->allocate(needed);
+    if (!pages) throw std::runtime_error("KV pool exhausted");
+    state.pages.insert(state.pages.end(), pages->begin(), pages->end());
+  }
 
   Lane& lane_at(int lane) {
     if (lane < 0 || lane >= static_cast<int>(lanes_.size()))
@@ -177,6 +221,9 @@ void bind_model_runner(py::module_& m) {
            "(or [len(tokens), vocab] with all_logits).")
       .def("forward_batch", &ModelRunner::forward_batch, py::arg("slices"), py::arg("all_logits") = false,
            "slices: [(lane, start_pos, tokens)] in one plan; returns logits rows in slice order.")
+      .def("forward_mtp", &ModelRunner::forward_mtp, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
+           py::arg("hidden_prev"), py::arg("step") = 0,
+           "One MTP head step (hybrid models): returns (logits [n, vocab], hidden after mtp.norm [n, hidden]).")
       .def("reset", &ModelRunner::reset, py::arg("lane"))
       .def("share_prefix", &ModelRunner::share_prefix, py::arg("src"), py::arg("dst"), py::arg("length"),
            "Lane dst starts with src's first `length` tokens (a multiple of 64) on shared pages.");

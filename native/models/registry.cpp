@@ -5,6 +5,8 @@
 #include "artifact/artifact.h"
 #include "models/llama.h"
 #include "models/model.h"
+#include "models/qwen3_5.h"
+#include "models/qwen3_5_config.h"
 
 namespace ninfer {
 
@@ -16,7 +18,7 @@ bool is_dense_llama_family(const std::string& architecture) {
 
 [[noreturn]] void unsupported(const std::string& architecture) {
   throw std::runtime_error("unsupported model architecture '" + architecture +
-                           "' (this build supports llama, qwen2, qwen3)");
+                           "' (this build supports llama, qwen2, qwen3, qwen3_5, qwen3_5_moe)");
 }
 
 }  // namespace
@@ -24,11 +26,18 @@ bool is_dense_llama_family(const std::string& architecture) {
 std::unique_ptr<Model> load_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
   const std::string architecture = artifact.architecture();
   if (is_dense_llama_family(architecture)) return make_llama_model(artifact, kv, options);
+  if (is_qwen3_5_architecture(architecture)) return make_qwen3_5_model(artifact, kv, options);
   unsupported(architecture);
 }
 
 KvGeometry kv_geometry(const Artifact& artifact) {
   const std::string architecture = artifact.architecture();
+  if (is_qwen3_5_architecture(architecture)) {
+    // Only the gated full-attention layers (and the MTP head's) keep K/V; GDN layers keep
+    // per-lane state slots instead.
+    const Qwen35Config cfg = read_qwen3_5_config(artifact);
+    return {cfg.kv_layers(), cfg.kv_heads, cfg.head_dim};
+  }
   if (!is_dense_llama_family(architecture)) unsupported(architecture);
   const json::Value& c = artifact.config();
   KvGeometry g;

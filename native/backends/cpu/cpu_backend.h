@@ -49,11 +49,28 @@ class CpuBackend final : public Backend {
   void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows,
                    float* dst) override;
 
+  // Hybrid-model ops (cpu_hybrid.cpp), on the kernels of gdn_cpu, gated_attention_cpu, moe_cpu.
+  void fill_zero(float* x, int64_t n) override;
+  void copy(float* dst, const float* src, int64_t n) override;
+  void gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weights, std::span<const GdnSlice> slices,
+                 float* mixed, const float* z, const float* b, const float* a, float* out,
+                 GdnForm form) override;
+  void split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads, int64_t head_dim,
+                        float* query, float* gate) override;
+  void sigmoid_mul(float* x, const float* gate, int64_t n) override;
+  void add_sigmoid_gated(float* y, const float* x, const float* gate_logits, int64_t rows,
+                         int64_t cols) override;
+  void moe_experts(const float* x, int64_t tokens, int64_t hidden, const float* router_logits,
+                   const MoeExperts& experts, float* out) override;
+  void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows,
+                      float* out) override;
+
  private:
   ThreadPool pool_;
   std::vector<BlockQ8Act> quantized_x_;  // scratch: activation rows quantized for q8_0 matmuls
   std::vector<float> partial_acc_;        // scratch: attention over split page ranges
   std::vector<OnlineSoftmax> partial_state_;
+  std::vector<float> moe_rows_, moe_gate_, moe_up_, moe_out_;  // scratch: one expert's rows
 };
 
 }  // namespace ninfer::cpu

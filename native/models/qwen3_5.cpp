@@ -1,0 +1,561 @@
+#include "models/qwen3_5.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "artifact/artifact.h"
+#include "backends/backend.h"
+#include "cache/kv_pool.h"
+#include "models/qwen3_5_config.h"
+#include "models/rope.h"
+
+namespace ninfer {
+
+namespace {
+
+ModelInfo describe(const Artifact& artifact, const Qwen35Config& cfg) {
+  ModelInfo info;
+  info.architecture = artifact.architecture();
+  info.vocab_size = cfg.vocab;
+  info.hidden_size = cfg.hidden;
+  info.num_layers = cfg.layers;
+  info.num_kv_layers = cfg.kv_layers();
+  info.num_kv_heads = cfg.kv_heads;
+  info.head_dim = cfg.head_dim;
+  info.max_position_embeddings = cfg.max_positions;
+  std::map<std::string, int64_t> bytes_by_format;
+  for (const auto& t : artifact.tensors()) {
+    info.num_params += t.numel();
+    info.weight_bytes += static_cast<int64_t>(t.nbytes);
+    bytes_by_format[std::string(dtype_name(t.dtype))] += static_cast<int64_t>(t.nbytes);
+  }
+  int64_t best = -1;
+  for (const auto& [format, bytes] : bytes_by_format)
+    if (bytes > best) best = bytes, info.weight_format = format;
+  return info;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A decoder layer's weights. Norm weights of the zero-centred RMSNorms hold 1 + w (folded at
+// load); gdn_norm is the GDN output norm's plain gain.
+struct Layer {
+  bool full_attention = false;
+  int64_t kv_layer = -1;   // full attention: its KV layer in the pool
+  int64_t gdn_index = -1;  // GDN: its place among the GDN layers (state slot offset)
+  Buffer input_norm, post_norm;
+  // Gated attention.
+  Weight q, k, v, o;
+  Buffer q_norm, k_norm;
+  // Gated DeltaNet.
+  Weight in_qkv, in_z, in_b, in_a, out_proj;
+  Buffer conv_weight, A_log, dt_bias, gdn_norm;
+  // Dense MLP or shared expert (gate/up/down), MoE router and experts.
+  Weight gate, up, down;
+  Weight router, shared_gate;
+  MoeExperts experts;
+};
+
+// One lane's rows in a step, for the GDN layers.
+struct LaneRows {
+  int lane = 0;
+  int32_t row_begin = 0, num_tokens = 0;
+};
+
+struct StepLayout {
+  std::vector<int32_t> positions;
+  std::vector<AttentionSlice> attention;
+  std::vector<LaneRows> lanes;
+};
+
+class Qwen35Model final : public Model, public MtpHead {
+ public:
+  Qwen35Model(const Artifact& artifact, KvPool& kv, const ModelOptions& options)
+      : cfg_(read_qwen3_5_config(artifact)), info_(describe(artifact, cfg_)), rope_(artifact.config()), kv_(kv),
+        options_(options), artifact_(artifact) {
+    if (options.max_batch_tokens <= 0 || options.max_lanes <= 0)
+      throw std::runtime_error("max_batch_tokens and max_lanes must be positive");
+    if (kv.num_layers() != cfg_.kv_layers() || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
+      throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
+    backend_ = make_backend(options.device, options.threads);
+    backend_->bind_kv(kv_);
+    load_weights();
+    allocate();
+    if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
+  }
+
+  const ModelInfo& info() const override { return info_; }
+  void forward(const BatchPlan& plan, float* logits) override;
+  void reset_lane(int lane) override;
+
+  int64_t mtp_layers() const override { return cfg_.mtp_layers; }
+  void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
+                   float* hidden_out) override;
+
+ private:
+  bool random_weights() const { return options_.random_weights_seed >= 0; }
+  int64_t lane_state_floats() const {
+    return cfg_.gdn_layers() * (cfg_.gdn.conv_state_floats() + cfg_.gdn.ssm_state_floats());
+  }
+  float* conv_state(int lane, int64_t gdn_index) const {
+    return state_.data() + lane * lane_state_floats() +
+           gdn_index * (cfg_.gdn.conv_state_floats() + cfg_.gdn.ssm_state_floats());
+  }
+  float* ssm_state(int lane, int64_t gdn_index) const {
+    return conv_state(lane, gdn_index) + cfg_.gdn.conv_state_floats();
+  }
+
+  const TensorView& checked(const std::string& name, const std::vector<int64_t>& shape) const;
+  Weight matrix(const std::string& name, int64_t rows, int64_t cols);
+  Weight stacked(const std::string& name, const std::vector<int64_t>& shape);
+  Buffer filled(int64_t size, float value);
+  Buffer vector(const std::string& name, const std::vector<int64_t>& shape, float random_value);
+  Buffer zero_centered_norm(const std::string& name, int64_t size);
+
+  void load_attention(Layer& L, const std::string& p);
+  void load_gdn(Layer& L, const std::string& p);
+  void load_mlp(Layer& L, const std::string& p);
+  void load_weights();
+  void allocate();
+
+  StepLayout layout(const BatchPlan& plan, bool hybrid_state) const;
+  void apply_rope(float* x, int64_t heads, const StepLayout& step);
+  void attention_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out);
+  void gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out);
+  void mlp(const Layer& L, int64_t t, float* out);
+  void decoder_layer(const Layer& L, int64_t t, const StepLayout& step);
+
+  Qwen35Config cfg_;
+  ModelInfo info_;
+  RopeScaling rope_;
+  RopeTable rope_table_;
+  KvPool& kv_;
+  ModelOptions options_;
+  const Artifact& artifact_;
+  std::unique_ptr<Backend> backend_;
+
+  Weight embed_, lm_head_;
+  Buffer final_norm_;
+  std::vector<Layer> layers_;
+  // MTP head: fc, its norms, and its decoder layers (full attention with the model's MLP type).
+  Weight mtp_fc_;
+  Buffer mtp_norm_embedding_, mtp_norm_hidden_, mtp_norm_;
+  std::vector<Layer> mtp_layers_;
+
+  Buffer state_;                    // [lanes, gdn layers, conv state | ssm state]
+  std::vector<int64_t> lane_pos_;   // tokens a lane's state has absorbed; -1 after a failed step
+
+  Buffer hidden_, normed_, branch_;
+  Buffer q_proj_, q_, gate_, k_, v_, attn_;
+  Buffer mixed_, z_, b_, a_, gdn_out_;
+  Buffer ff_gate_, ff_up_, router_, shared_gate_, shared_out_;
+  Buffer mtp_cat_, logit_inputs_, logits_;
+};
+
+const TensorView& Qwen35Model::checked(const std::string& name, const std::vector<int64_t>& shape) const {
+  const TensorView* t = artifact_.find(name);
+  if (!t) throw std::runtime_error("artifact lacks tensor '" + name + "'");
+  if (t->shape != shape)
+    throw std::runtime_error("tensor '" + name + "' has shape " + shape_text(t->shape) + ", expected " +
+                             shape_text(shape));
+  return *t;
+}
+
+Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
+  if (random_weights()) {
+    // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
+    const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
+    return backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+  }
+  return backend_->upload_weight(checked(name, {rows, cols}));
+}
+
+// A stacked [E, r, c] tensor as one [E·r, c] weight (the MoeExperts layout).
+Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape) {
+  if (random_weights()) {
+    const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
+    return backend_->random_weight(shape[0] * shape[1], shape[2], seed,
+                                   std::sqrt(3.0f / static_cast<float>(shape[2])));
+  }
+  TensorView flat = checked(name, shape);
+  flat.shape = {shape[0] * shape[1], shape[2]};
+  return backend_->upload_weight(flat);
+}
+
+Buffer Qwen35Model::filled(int64_t size, float value) {
+  Buffer out = backend_->alloc(size);
+  const std::vector<float> host(static_cast<size_t>(size), value);
+  backend_->copy_from_host(out.data(), host.data(), size);
+  return out;
+}
+
+// A tensor of any shape as flat float32 (e.g. conv1d.weight [C, 1, K] → [C·K]).
+Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& shape, float random_value) {
+  if (random_weights()) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return filled(n, random_value);
+  }
+  TensorView flat = checked(name, shape);
+  flat.shape = {flat.numel()};
+  return backend_->upload_vector(flat);
+}
+
+Buffer Qwen35Model::zero_centered_norm(const std::string& name, int64_t size) {
+  if (random_weights()) return filled(size, 1.0f);  // w = 0
+  Buffer w = vector(name, {size}, 0.0f);
+  std::vector<float> host(static_cast<size_t>(size));
+  backend_->synchronize();
+  backend_->copy_to_host(host.data(), w.data(), size);
+  for (float& x : host) x = 1.0f + x;  // fp32 1 + w, as HF rounds it before the multiply
+  backend_->copy_from_host(w.data(), host.data(), size);
+  return w;
+}
+
+void Qwen35Model::load_attention(Layer& L, const std::string& p) {
+  const int64_t h = cfg_.hidden, hd = cfg_.head_dim, qd = cfg_.heads * hd, kvd = cfg_.kv_heads * hd;
+  L.full_attention = true;
+  L.q = matrix(p + "self_attn.q_proj.weight", cfg_.attn_output_gate ? 2 * qd : qd, h);
+  L.k = matrix(p + "self_attn.k_proj.weight", kvd, h);
+  L.v = matrix(p + "self_attn.v_proj.weight", kvd, h);
+  L.o = matrix(p + "self_attn.o_proj.weight", h, qd);
+  L.q_norm = zero_centered_norm(p + "self_attn.q_norm.weight", hd);
+  L.k_norm = zero_centered_norm(p + "self_attn.k_norm.weight", hd);
+}
+
+void Qwen35Model::load_gdn(Layer& L, const std::string& p) {
+  const GdnShape& g = cfg_.gdn;
+  const int64_t h = cfg_.hidden;
+  const std::string a = p + "linear_attn.";
+  L.in_qkv = matrix(a + "in_proj_qkv.weight", g.conv_channels(), h);
+  L.in_z = matrix(a + "in_proj_z.weight", g.value_width(), h);
+  L.in_b = matrix(a + "in_proj_b.weight", g.value_heads, h);
+  L.in_a = matrix(a + "in_proj_a.weight", g.value_heads, h);
+  L.out_proj = matrix(a + "out_proj.weight", h, g.value_width());
+  L.conv_weight = vector(a + "conv1d.weight", {g.conv_channels(), 1, g.conv_kernel},
+                         1.0f / static_cast<float>(g.conv_kernel));
+  L.A_log = vector(a + "A_log", {g.value_heads}, 0.0f);
+  L.dt_bias = vector(a + "dt_bias", {g.value_heads}, 0.0f);
+  L.gdn_norm = vector(a + "norm.weight", {g.value_dim}, 1.0f);
+}
+
+void Qwen35Model::load_mlp(Layer& L, const std::string& p) {
+  const int64_t h = cfg_.hidden;
+  const std::string m = p + "mlp.";
+  if (!cfg_.moe) {
+    L.gate = matrix(m + "gate_proj.weight", cfg_.intermediate, h);
+    L.up = matrix(m + "up_proj.weight", cfg_.intermediate, h);
+    L.down = matrix(m + "down_proj.weight", h, cfg_.intermediate);
+    return;
+  }
+  const int64_t e = cfg_.num_experts, ff = cfg_.moe_ff;
+  L.router = matrix(m + "gate.weight", e, h);
+  L.experts.gate_up = stacked(m + "experts.gate_up_proj", {e, 2 * ff, h});
+  L.experts.down = stacked(m + "experts.down_proj", {e, h, ff});
+  L.experts.num_experts = e;
+  L.experts.ff = ff;
+  L.experts.top_k = cfg_.top_k;
+  L.experts.renormalize = cfg_.norm_topk;
+  L.gate = matrix(m + "shared_expert.gate_proj.weight", cfg_.shared_ff, h);
+  L.up = matrix(m + "shared_expert.up_proj.weight", cfg_.shared_ff, h);
+  L.down = matrix(m + "shared_expert.down_proj.weight", h, cfg_.shared_ff);
+  L.shared_gate = matrix(m + "shared_expert_gate.weight", 1, h);
+}
+
+void Qwen35Model::load_weights() {
+  const int64_t h = cfg_.hidden;
+  embed_ = matrix("model.embed_tokens.weight", cfg_.vocab, h);
+  const bool untied = random_weights() ? !cfg_.tie_embeddings : artifact_.find("lm_head.weight") != nullptr;
+  lm_head_ = untied ? matrix("lm_head.weight", cfg_.vocab, h) : embed_;
+  final_norm_ = zero_centered_norm("model.norm.weight", h);
+  int64_t kv_layer = 0, gdn_index = 0;
+  layers_.resize(static_cast<size_t>(cfg_.layers));
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& L = layers_[static_cast<size_t>(i)];
+    L.input_norm = zero_centered_norm(p + "input_layernorm.weight", h);
+    L.post_norm = zero_centered_norm(p + "post_attention_layernorm.weight", h);
+    if (cfg_.full_attention[static_cast<size_t>(i)]) {
+      load_attention(L, p);
+      L.kv_layer = kv_layer++;
+    } else {
+      load_gdn(L, p);
+      L.gdn_index = gdn_index++;
+    }
+    load_mlp(L, p);
+  }
+  if (cfg_.mtp_layers == 0) return;
+  mtp_fc_ = matrix("mtp.fc.weight", h, 2 * h);
+  mtp_norm_embedding_ = zero_centered_norm("mtp.pre_fc_norm_embedding.weight", h);
+  mtp_norm_hidden_ = zero_centered_norm("mtp.pre_fc_norm_hidden.weight", h);
+  mtp_norm_ = zero_centered_norm("mtp.norm.weight", h);
+  mtp_layers_.resize(static_cast<size_t>(cfg_.mtp_layers));
+  for (int64_t m = 0; m < cfg_.mtp_layers; ++m) {
+    const std::string p = "mtp.layers." + std::to_string(m) + ".";
+    Layer& L = mtp_layers_[static_cast<size_t>(m)];
+    L.input_norm = zero_centered_norm(p + "input_layernorm.weight", h);
+    L.post_norm = zero_centered_norm(p + "post_attention_layernorm.weight", h);
+    load_attention(L, p);
+    L.kv_layer = kv_layer++;
+    load_mlp(L, p);
+  }
+}
+
+void Qwen35Model::allocate() {
+  const int64_t t = options_.max_batch_tokens, h = cfg_.hidden, qd = cfg_.heads * cfg_.head_dim;
+  const int64_t kvd = cfg_.kv_heads * cfg_.head_dim;
+  const GdnShape& g = cfg_.gdn;
+  Backend& b = *backend_;
+  hidden_ = b.alloc(t * h);
+  normed_ = b.alloc(t * h);
+  branch_ = b.alloc(t * h);
+  if (cfg_.full_attention_layers() + cfg_.mtp_layers > 0) {
+    if (cfg_.attn_output_gate) {
+      q_proj_ = b.alloc(t * 2 * qd);
+      gate_ = b.alloc(t * qd);
+    }
+    q_ = b.alloc(t * qd);
+    k_ = b.alloc(t * kvd);
+    v_ = b.alloc(t * kvd);
+    attn_ = b.alloc(t * qd);
+  }
+  if (cfg_.gdn_layers() > 0) {
+    mixed_ = b.alloc(t * g.conv_channels());
+    z_ = b.alloc(t * g.value_width());
+    b_ = b.alloc(t * g.value_heads);
+    a_ = b.alloc(t * g.value_heads);
+    gdn_out_ = b.alloc(t * g.value_width());
+  }
+  const int64_t ff = cfg_.moe ? cfg_.shared_ff : cfg_.intermediate;
+  ff_gate_ = b.alloc(t * ff);
+  ff_up_ = b.alloc(t * ff);
+  if (cfg_.moe) {
+    router_ = b.alloc(t * cfg_.num_experts);
+    shared_gate_ = b.alloc(t);
+    shared_out_ = b.alloc(t * h);
+  }
+  if (cfg_.mtp_layers > 0) mtp_cat_ = b.alloc(t * 2 * h);
+  const int64_t state_floats = static_cast<int64_t>(options_.max_lanes) * lane_state_floats();
+  if (state_floats > 0) {
+    state_ = b.alloc(state_floats);
+    b.fill_zero(state_.data(), state_floats);
+  }
+  lane_pos_.assign(static_cast<size_t>(options_.max_lanes), 0);
+}
+
+void Qwen35Model::reset_lane(int lane) {
+  if (lane < 0 || lane >= options_.max_lanes)
+    throw std::invalid_argument("reset_lane: lane " + std::to_string(lane) + " is outside [0, " +
+                                std::to_string(options_.max_lanes) + ")");
+  if (lane_state_floats() > 0) backend_->fill_zero(conv_state(lane, 0), lane_state_floats());
+  lane_pos_[static_cast<size_t>(lane)] = 0;
+}
+
+// Validates the plan and lays out its rows. With hybrid_state, each slice must continue its
+// lane's recurrent state exactly (the state cannot be rewound) and a lane may appear only once.
+StepLayout Qwen35Model::layout(const BatchPlan& plan, bool hybrid_state) const {
+  StepLayout step;
+  std::vector<bool> seen(static_cast<size_t>(options_.max_lanes), false);
+  int32_t row = 0;
+  for (const auto& s : plan.slices) {
+    if (s.lane < 0 || s.lane >= options_.max_lanes)
+      throw std::invalid_argument("slice lane " + std::to_string(s.lane) + " is outside [0, " +
+                                  std::to_string(options_.max_lanes) + ")");
+    if (s.num_tokens <= 0 || s.start_pos < 0)
+      throw std::invalid_argument("a slice needs at least one token and a non-negative start position");
+    if (!s.page_table && s.num_pages > 0) throw std::invalid_argument("slice has pages but no page table");
+    if (hybrid_state) {
+      if (seen[static_cast<size_t>(s.lane)])
+        throw std::invalid_argument("lane " + std::to_string(s.lane) + " appears twice in one plan");
+      seen[static_cast<size_t>(s.lane)] = true;
+      const int64_t at = lane_pos_[static_cast<size_t>(s.lane)];
+      if (at < 0)
+        throw std::invalid_argument("lane " + std::to_string(s.lane) +
+                                    "'s recurrent state is undefined after a failed step; reset the lane");
+      if (at != s.start_pos)
+        throw std::invalid_argument("lane " + std::to_string(s.lane) + "'s recurrent state holds " +
+                                    std::to_string(at) + " tokens but the slice starts at position " +
+                                    std::to_string(s.start_pos) +
+                                    " (a hybrid model's state cannot be rewound; reset the lane)");
+    }
+    step.attention.push_back({row, s.num_tokens, s.start_pos, s.page_table, s.num_pages});
+    step.lanes.push_back({s.lane, row, s.num_tokens});
+    for (int32_t i = 0; i < s.num_tokens; ++i) step.positions.push_back(s.start_pos + i);
+    row += s.num_tokens;
+  }
+  if (row != static_cast<int64_t>(plan.tokens.size()))
+    throw std::invalid_argument("plan slices cover " + std::to_string(row) + " tokens but the plan holds " +
+                                std::to_string(plan.tokens.size()));
+  if (row > options_.max_batch_tokens)
+    throw std::invalid_argument("plan of " + std::to_string(row) + " tokens exceeds max_batch_tokens " +
+                                std::to_string(options_.max_batch_tokens));
+  return step;
+}
+
+void Qwen35Model::apply_rope(float* x, int64_t heads, const StepLayout& step) {
+  const int64_t hd = cfg_.head_dim;
+  if (!rope_.depends_on_length()) {
+    backend_->rope(x, heads, hd, rope_.rotary_dim(), step.positions, rope_table_.inv_freq,
+                   rope_table_.attention_factor);
+    return;
+  }
+  // Dynamic scaling: each sequence uses the table for its own length, as HF does per call.
+  for (const auto& s : step.attention) {
+    const RopeTable table = rope_.table(static_cast<int64_t>(s.start_pos) + s.num_tokens);
+    backend_->rope(x + static_cast<int64_t>(s.row_begin) * heads * hd, heads, hd, rope_.rotary_dim(),
+                   std::span(step.positions).subspan(static_cast<size_t>(s.row_begin), s.num_tokens),
+                   table.inv_freq, table.attention_factor);
+  }
+}
+
+// Gated full attention (spec §2.3) of normed_ into out [t, hidden].
+void Qwen35Model::attention_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out) {
+  Backend& b = *backend_;
+  const int64_t hd = cfg_.head_dim;
+  float* q = q_.data();
+  const MatmulOutput qkv[] = {{&L.q, nullptr, cfg_.attn_output_gate ? q_proj_.data() : q},
+                              {&L.k, nullptr, k_.data()},
+                              {&L.v, nullptr, v_.data()}};
+  b.matmul_many(normed_.data(), t, qkv);
+  if (cfg_.attn_output_gate) b.split_query_gate(q_proj_.data(), t, cfg_.heads, hd, q, gate_.data());
+  b.rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
+  b.rms_norm(k_.data(), t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k_.data());
+  apply_rope(q, cfg_.heads, step);
+  apply_rope(k_.data(), cfg_.kv_heads, step);
+  b.kv_write(kv_, L.kv_layer, k_.data(), v_.data(), step.attention);
+  const AttentionShape shape{cfg_.heads, cfg_.kv_heads, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  b.attention(kv_, L.kv_layer, q, step.attention, shape, attn_.data());
+  if (cfg_.attn_output_gate) b.sigmoid_mul(attn_.data(), gate_.data(), t * cfg_.heads * hd);
+  b.matmul(attn_.data(), t, L.o, nullptr, out);
+}
+
+// Gated DeltaNet (spec §2.4) of normed_ into out [t, hidden], continuing each lane's state.
+void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out) {
+  Backend& b = *backend_;
+  const MatmulOutput projections[] = {{&L.in_qkv, nullptr, mixed_.data()},
+                                      {&L.in_z, nullptr, z_.data()},
+                                      {&L.in_b, nullptr, b_.data()},
+                                      {&L.in_a, nullptr, a_.data()}};
+  b.matmul_many(normed_.data(), t, projections);
+  std::vector<GdnSlice> slices;
+  slices.reserve(step.lanes.size());
+  for (const auto& r : step.lanes)
+    slices.push_back({r.row_begin, r.num_tokens, conv_state(r.lane, L.gdn_index), ssm_state(r.lane, L.gdn_index)});
+  const GdnLayerWeights weights{L.conv_weight.data(), L.A_log.data(), L.dt_bias.data(), L.gdn_norm.data()};
+  b.gdn_mixer(cfg_.gdn, weights, slices, mixed_.data(), z_.data(), b_.data(), a_.data(), gdn_out_.data());
+  b.matmul(gdn_out_.data(), t, L.out_proj, nullptr, out);
+}
+
+// Dense SwiGLU MLP or sparse MoE with the sigmoid-gated shared expert (spec §2.5-2.6), of
+// normed_ into out [t, hidden].
+void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
+  Backend& b = *backend_;
+  const int64_t h = cfg_.hidden, ff = cfg_.moe ? cfg_.shared_ff : cfg_.intermediate;
+  float* x = normed_.data();
+  float* dense_out = out;
+  if (cfg_.moe) {
+    b.matmul(x, t, L.router, nullptr, router_.data());
+    b.moe_experts(x, t, h, router_.data(), L.experts, out);
+    b.matmul(x, t, L.shared_gate, nullptr, shared_gate_.data());
+    dense_out = shared_out_.data();
+  }
+  const MatmulOutput gate_up[] = {{&L.gate, nullptr, ff_gate_.data()}, {&L.up, nullptr, ff_up_.data()}};
+  b.matmul_many(x, t, gate_up);
+  b.swiglu(ff_gate_.data(), ff_up_.data(), t * ff, ff_gate_.data());
+  b.matmul(ff_gate_.data(), t, L.down, nullptr, dense_out);
+  if (cfg_.moe) b.add_sigmoid_gated(out, shared_out_.data(), shared_gate_.data(), t, h);
+}
+
+void Qwen35Model::decoder_layer(const Layer& L, int64_t t, const StepLayout& step) {
+  Backend& b = *backend_;
+  const int64_t h = cfg_.hidden;
+  b.rms_norm(hidden_.data(), t, h, L.input_norm.data(), cfg_.eps, normed_.data());
+  if (L.full_attention) {
+    attention_mixer(L, t, step, branch_.data());
+  } else {
+    gdn_mixer(L, t, step, branch_.data());
+  }
+  b.add(hidden_.data(), branch_.data(), t * h);
+  b.rms_norm(hidden_.data(), t, h, L.post_norm.data(), cfg_.eps, normed_.data());
+  mlp(L, t, branch_.data());
+  b.add(hidden_.data(), branch_.data(), t * h);
+}
+
+void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
+  const StepLayout step = layout(plan, true);
+  const int64_t t = static_cast<int64_t>(plan.tokens.size());
+  if (t == 0) return;
+  std::vector<int32_t> logit_rows;
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    const SeqSlice& s = plan.slices[i];
+    for (int32_t r = s.num_tokens - s.logit_rows(); r < s.num_tokens; ++r)
+      logit_rows.push_back(step.attention[i].row_begin + r);
+  }
+  // Until the step completes, the lanes' states are half-updated: a failure leaves them undefined.
+  for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = -1;
+  Backend& b = *backend_;
+  const int64_t h = cfg_.hidden;
+  b.embedding(embed_, plan.tokens, hidden_.data());
+  for (const Layer& L : layers_) decoder_layer(L, t, step);
+
+  const auto rows = static_cast<int64_t>(logit_rows.size());
+  if (rows > 0) {
+    if (logits_.size() < rows * cfg_.vocab) {
+      logit_inputs_ = b.alloc(rows * h);
+      logits_ = b.alloc(rows * cfg_.vocab);
+    }
+    b.gather_rows(hidden_.data(), h, logit_rows, logit_inputs_.data());
+    b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
+    b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+    b.synchronize();
+    b.copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
+  } else {
+    b.synchronize();
+  }
+  for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = s.start_pos + s.num_tokens;
+}
+
+// MTP step (spec §4.1): u = fc([norm_e(embed(token)) | norm_h(hidden_prev)]), one full-attention
+// decoder layer, mtp.norm, the shared lm_head.
+void Qwen35Model::forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step_index, float* logits,
+                              float* hidden_out) {
+  if (cfg_.mtp_layers == 0) throw std::runtime_error("this artifact has no MTP head");
+  if (step_index < 0) throw std::invalid_argument("forward_mtp: step must be >= 0");
+  if (!hidden_prev || !logits) throw std::invalid_argument("forward_mtp: null hidden_prev or logits");
+  const StepLayout step = layout(plan, false);
+  const int64_t t = static_cast<int64_t>(plan.tokens.size()), h = cfg_.hidden;
+  if (t == 0) return;
+  Backend& b = *backend_;
+  b.embedding(embed_, plan.tokens, normed_.data());
+  b.rms_norm(normed_.data(), t, h, mtp_norm_embedding_.data(), cfg_.eps, normed_.data());
+  b.copy_from_host(branch_.data(), hidden_prev, t * h);
+  b.rms_norm(branch_.data(), t, h, mtp_norm_hidden_.data(), cfg_.eps, branch_.data());
+  b.concat_columns(normed_.data(), h, branch_.data(), h, t, mtp_cat_.data());  // embedding first
+  b.matmul(mtp_cat_.data(), t, mtp_fc_, nullptr, hidden_.data());
+  decoder_layer(mtp_layers_[static_cast<size_t>(step_index % cfg_.mtp_layers)], t, step);
+  b.rms_norm(hidden_.data(), t, h, mtp_norm_.data(), cfg_.eps, normed_.data());
+  if (logits_.size() < t * cfg_.vocab) {
+    logit_inputs_ = b.alloc(t * h);
+    logits_ = b.alloc(t * cfg_.vocab);
+  }
+  b.matmul(normed_.data(), t, lm_head_, nullptr, logits_.data());
+  b.synchronize();
+  b.copy_to_host(logits, logits_.data(), t * cfg_.vocab);
+  if (hidden_out) b.copy_to_host(hidden_out, normed_.data(), t * h);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3_5_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
+  return std::make_unique<Qwen35Model>(artifact, kv, options);
+}
+
+}  // namespace ninfer

@@ -1,0 +1,33 @@
+// Qwen3.5/3.6 hybrid decoders (architectures qwen3_5 and qwen3_5_moe; model spec §2-§4):
+// Gated DeltaNet and gated full-attention layers as `layer_types` says, dense SwiGLU or sparse
+// MoE MLPs, and the one-layer MTP draft head, written once against the Backend op set.
+//
+// Per-lane state: the full-attention layers keep K/V in the lane's pages (KV layers 0..F-1,
+// F = full-attention layers; the MTP layers follow), the GDN layers a conv and a recurrent state
+// in the lane's state slot, which the backend holds. A slot cannot be rewound: each slice must
+// start where the lane's previous slice ended, and reset_lane makes the lane empty again.
+#pragma once
+
+#include <memory>
+
+#include "models/model.h"
+
+namespace ninfer {
+
+// The MTP head of a hybrid model (spec §4), for tests now and speculative decoding later.
+class MtpHead {
+ public:
+  virtual ~MtpHead() = default;
+  virtual int64_t mtp_layers() const = 0;
+  // One MTP step over the plan's slices. Slot i of a slice pairs hidden_prev[i] (host, the main
+  // model's final-normed hidden state at position start_pos + i) with the embedding of the
+  // plan's token i (the token after it), attends with MTP layer `step % mtp_layers` over the
+  // slice's pages (its own KV layer), and writes logits [tokens, vocab] for every token and,
+  // when hidden_out is not null, the hidden after mtp.norm [tokens, hidden] (host memory).
+  virtual void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
+                           float* hidden_out) = 0;
+};
+
+std::unique_ptr<Model> make_qwen3_5_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options);
+
+}  // namespace ninfer
