@@ -132,4 +132,13 @@ __global__ void moe_add_gated_shared(const float* __restrict__ shared, const flo
   out[i] += shared[i] / (1.0f + expf(-gate_logit[i / hidden]));
 }
 
+__global__ void concat_columns(const float* __restrict__ a, int64_t a_cols, const float* __restrict__ b,
+                               int64_t b_cols, int64_t rows, float* __restrict__ out) {
+  const int64_t width = a_cols + b_cols;
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= rows * width) return;
+  const int64_t r = i / width, c = i % width;
+  out[i] = c < a_cols ? a[r * a_cols + c] : b[r * b_cols + (c - a_cols)];
+}
+
 }  // namespace ninfer::cuda::kernels

@@ -160,4 +160,12 @@ void launch_moe_add_gated_shared(const float* shared, const float* gate_logit, i
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
+void launch_concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows, float* out,
+                           cudaStream_t stream) {
+  const int64_t total = rows * (a_cols + b_cols);
+  if (total <= 0) return;
+  kernels::concat_columns<<<blocks_of(total), kThreads, 0, stream>>>(a, a_cols, b, b_cols, rows, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace ninfer::cuda

@@ -100,4 +100,8 @@ void launch_moe_combine(const float* rows, int64_t hidden, const int32_t* row_of
 void launch_moe_add_gated_shared(const float* shared, const float* gate_logit, int64_t tokens, int64_t hidden,
                                  float* out, cudaStream_t stream);
 
+// out[r, :] = [a[r, :] | b[r, :]].
+void launch_concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows, float* out,
+                           cudaStream_t stream);
+
 }  // namespace ninfer::cuda
