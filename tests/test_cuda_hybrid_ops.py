@@ -44,7 +44,9 @@ def poisoned(*shape) -> np.ndarray:
 
 
 def check(ours: np.ndarray, ref: np.ndarray, rng, tol: float, what: str = "") -> None:
-    assert np.all(np.isfinite(ours)), f"{what} (seed {rng.seed_value}): unwritten (NaN) or non-finite elements"
+    assert np.all(np.isfinite(ours)), (
+        f"{what} (seed {rng.seed_value}): unwritten (NaN) or non-finite elements"
+    )
     err = np.linalg.norm(ours.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
     assert err < tol, f"{what} (seed {rng.seed_value}): relative error {err:.3g} >= {tol}"
 
@@ -84,11 +86,16 @@ def test_conv1d_silu_with_state_slots(ops, rng, kernel, lengths):
     used = set()
     for begin, n, slot in seqs:
         used.add(slot)
-        full = np.concatenate([before[slot].astype(np.float64), x[begin:begin + n].astype(np.float64)])
+        full = np.concatenate(
+            [before[slot].astype(np.float64), x[begin : begin + n].astype(np.float64)]
+        )
         for t in range(n):
-            ref[begin + t] = silu(np.sum(full[t:t + kernel].T * w, axis=1))
-        np.testing.assert_array_equal(states[slot], full[-(kernel - 1):].astype(np.float32),
-                                      err_msg=f"state of slot {slot} (seed {rng.seed_value})")
+            ref[begin + t] = silu(np.sum(full[t : t + kernel].T * w, axis=1))
+        np.testing.assert_array_equal(
+            states[slot],
+            full[-(kernel - 1) :].astype(np.float32),
+            err_msg=f"state of slot {slot} (seed {rng.seed_value})",
+        )
     check(out, ref, rng, 1e-5, "conv output")
     for slot in set(range(num_slots)) - used:
         np.testing.assert_array_equal(states[slot], before[slot], err_msg="an unused slot changed")
@@ -121,7 +128,12 @@ def test_gated_rmsnorm(ops, rng):
     out = poisoned(50, 128)
     ops.gated_rmsnorm(x, z, w, 1e-6, out)
     x64 = x.astype(np.float64)
-    ref = w * x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + 1e-6) * silu(z.astype(np.float64))
+    ref = (
+        w
+        * x64
+        / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + 1e-6)
+        * silu(z.astype(np.float64))
+    )
     check(out, ref, rng, 1e-6, "gated rmsnorm")
 
 
@@ -131,8 +143,13 @@ def test_rmsnorm_zero_centered(ops, rng, dim):
     out = poisoned(7, dim)
     ops.rmsnorm_zero_centered(x, w, 1e-6, out)
     x64 = x.astype(np.float64)
-    check(out, x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + 1e-6) * (1 + w.astype(np.float64)), rng, 1e-6,
-          "zero-centred rmsnorm")
+    check(
+        out,
+        x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + 1e-6) * (1 + w.astype(np.float64)),
+        rng,
+        1e-6,
+        "zero-centred rmsnorm",
+    )
 
 
 def test_split_query_gate_and_sigmoid_gate(ops, rng):
@@ -169,7 +186,9 @@ def unit_heads(x):
     return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
 
 
-@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 2, 64, 32), (2, 6, 128, 64), (4, 8, 128, 128), (1, 2, 256, 32)])
+@pytest.mark.parametrize(
+    "hk,hv,dk,dv", [(2, 2, 64, 32), (2, 6, 128, 64), (4, 8, 128, 128), (1, 2, 256, 32)]
+)
 @pytest.mark.parametrize("lengths", [[1, 1, 1], [1, 7, 33]])
 def test_gated_delta_rule_over_state_slots(ops, rng, hk, hv, dk, dv, lengths):
     num_slots = 5
@@ -186,7 +205,9 @@ def test_gated_delta_rule_over_state_slots(ops, rng, hk, hv, dk, dv, lengths):
     ops.gated_delta_rule(q, k, v, g, beta, seqs, states, out)
     for begin, n, slot in seqs:
         sl = slice(begin, begin + n)
-        ref_out, ref_state = delta_rule_reference(q[sl], k[sl], v[sl], g[sl], beta[sl], before[slot])
+        ref_out, ref_state = delta_rule_reference(
+            q[sl], k[sl], v[sl], g[sl], beta[sl], before[slot]
+        )
         check(out[sl], ref_out, rng, 2e-5, f"out of lane in slot {slot}")
         check(states[slot], ref_state, rng, 2e-5, f"state of slot {slot}")
     for slot in set(range(num_slots)) - set(slots):
@@ -214,7 +235,9 @@ def test_gated_delta_rule_split_calls_equal_one_call(ops, rng):
 # --- MoE ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("experts,top_k,renormalize", [(256, 8, True), (40, 3, False), (512, 10, True)])
+@pytest.mark.parametrize(
+    "experts,top_k,renormalize", [(256, 8, True), (40, 3, False), (512, 10, True)]
+)
 def test_moe_route_softmax_topk(ops, rng, experts, top_k, renormalize):
     tokens = 37
     logits = randn(rng, tokens, experts, scale=2)
@@ -246,7 +269,9 @@ def test_moe_combine_and_shared_expert(ops, rng):
     row_of = rng.permutation(tokens * top_k).astype(np.int32).reshape(tokens, top_k)
     weights = rng.random((tokens, top_k)).astype(np.float32)
     out = randn(rng, tokens, hidden)
-    ref = out.astype(np.float64) + np.einsum("ts,tsh->th", weights.astype(np.float64), rows[row_of].astype(np.float64))
+    ref = out.astype(np.float64) + np.einsum(
+        "ts,tsh->th", weights.astype(np.float64), rows[row_of].astype(np.float64)
+    )
     ops.moe_combine(rows, row_of, weights, out)
     check(out, ref, rng, 1e-6, "combine")
     shared, gate_logit = randn(rng, tokens, hidden), randn(rng, tokens)
