@@ -196,6 +196,8 @@ def run_shape(name: str, bw: float, rate: float, steps: int, contexts: list[int]
     out["decode"] = rows
     pos = position[0]
     out["breakdown_decode_b1"] = kernel_breakdown(lambda: runner.forward(0, pos, [tokens[2]]))
+    runner.reset(0)
+    out["breakdown_prefill"] = kernel_breakdown(lambda: runner.forward(0, 0, tokens[:prompt_len]), top=16)
     runner = None  # free the weights before the kernel timings
     torch.cuda.empty_cache()
 
@@ -241,6 +243,8 @@ def to_markdown(result: dict) -> str:
             )
         lines += ["", "decode b1 kernels (name, ms, launches):"]
         lines += [f"- {n}: {ms:.2f} ms x {cnt}" for n, ms, cnt in shape["breakdown_decode_b1"]]
+        lines += ["", "prefill 8k kernels (name, ms, launches):"]
+        lines += [f"- {n}: {ms:.2f} ms x {cnt}" for n, ms, cnt in shape["breakdown_prefill"]]
         lines += [
             "",
             "GDN core per layer (ms): "

@@ -75,8 +75,13 @@ def test_prefill_logits_match_transformers(case):
     ref = _hf_logits(model, ids)
     err = _rel(ours, ref)
     agree = float(np.mean(ours.argmax(1) == ref.argmax(1)))
-    print(f"hybrid {name}: prefill rel err {err:.2e}, argmax agreement {agree:.3f}")
-    assert err < 3e-2 and agree > 0.9
+    rows = np.linalg.norm(ours - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    print(f"hybrid {name}: prefill rel err {err:.2e}, argmax agreement {agree:.3f}, per-row "
+          f"median {np.median(rows):.2e}, max {rows.max():.2e} at row {int(rows.argmax())}")
+    assert np.median(rows) < 1e-2 and agree > 0.95
+    # MoE: bf16 GEMM inputs can flip a near-tie in the top-k routing of one token, which then
+    # reaches later tokens through attention and the GDN state; dense stays tighter.
+    assert err < (6e-2 if name == "moe" else 3e-2)
 
 
 def test_prefill_pieces_then_decode_match_transformers(case):

@@ -27,12 +27,20 @@ def ops():
     return _core.CudaHybridOps(0)
 
 
+class SeededRng:
+    """A numpy Generator that remembers its seed (for failure messages)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed_value = seed
+        self._gen = np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+
 @pytest.fixture
 def rng():
-    seed = secrets.randbits(31)
-    gen = np.random.default_rng(seed)
-    gen.seed_value = seed  # type: ignore[attr-defined]
-    return gen
+    return SeededRng(secrets.randbits(31))
 
 
 def randn(rng, *shape, scale=1.0) -> np.ndarray:
@@ -187,7 +195,8 @@ def unit_heads(x):
 
 
 @pytest.mark.parametrize(
-    "hk,hv,dk,dv", [(2, 2, 64, 32), (2, 6, 128, 64), (4, 8, 128, 128), (1, 2, 256, 32)]
+    "hk,hv,dk,dv",
+    [(2, 2, 64, 32), (2, 4, 64, 40), (2, 6, 128, 64), (4, 8, 128, 128), (1, 2, 256, 32)],
 )
 @pytest.mark.parametrize("lengths", [[1, 1, 1], [1, 7, 33]])
 def test_gated_delta_rule_over_state_slots(ops, rng, hk, hv, dk, dv, lengths):

@@ -15,6 +15,8 @@ namespace ninfer::cuda {
 
 namespace {
 
+constexpr int64_t kMoeUngroupedPairs = 128;  // (token, slot) pairs up to which experts run ungrouped
+
 template <typename T>
 T* scratch_of(DeviceScratch& s, int64_t elements, cudaStream_t stream) {
   return static_cast<T*>(s.get(static_cast<size_t>(std::max<int64_t>(elements, 1)) * sizeof(T), stream));
@@ -50,7 +52,7 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
                                 std::to_string(shape.value_heads) + " of dims " + std::to_string(shape.key_dim) + "/" +
                                 std::to_string(shape.value_dim) +
                                 " are not supported (value heads a multiple of key heads, key_dim 64/128/256, "
-                                "value_dim a multiple of 32)");
+                                "value_dim a multiple of 8)");
   if (slices.empty()) return;
   std::vector<GdnSeq> seqs;
   seqs.reserve(slices.size());
@@ -107,9 +109,11 @@ void CudaBackend::concat_columns(const float* a, int64_t a_cols, const float* b,
   launch_concat_columns(a, a_cols, b, b_cols, rows, out, stream_);
 }
 
-// Routing on the device; the expert ids come to the host (one synchronisation per MoE layer)
-// to group the (token, slot) pairs by expert and launch each used expert's matmuls on its
-// gathered rows; a combine kernel adds the weighted expert outputs per token.
+// Routing on the device. Small batches (decode: at most kMoeUngroupedPairs (token, slot) pairs)
+// run each pair's expert as a GEMV that reads the expert id on the device: four launches, no
+// host round trip. Larger ones bring the ids to the host (one synchronisation per MoE layer)
+// to group the pairs by expert and run each used expert's matmuls on its gathered rows. A
+// combine kernel adds the weighted expert outputs per token.
 void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, const float* router_logits,
                               const MoeExperts& experts, float* out) {
   const int64_t e_count = experts.num_experts, ff = experts.ff, top_k = experts.top_k;
@@ -129,6 +133,18 @@ void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, co
   float* route_weights = route + pairs;
   launch_moe_route_softmax_topk(router_logits, tokens, e_count, top_k, experts.renormalize, ids_dev, route_weights,
                                 stream_);
+  if (pairs <= kMoeUngroupedPairs && hidden % 8 == 0 && ff % 8 == 0 && hidden <= 12288 && ff <= 12288) {
+    float* gate_up = scratch_of<float>(moe_x_, pairs * 2 * ff, stream_);
+    float* act = scratch_of<float>(moe_gate_, pairs * ff, stream_);
+    float* y = scratch_of<float>(moe_y_, pairs * hidden, stream_);
+    launch_moe_gemv(static_cast<const uint16_t*>(experts.gate_up.data), 2 * ff, 2 * ff, hidden, ids_dev, pairs, top_k,
+                    x, false, gate_up, stream_);
+    launch_swiglu_halves(gate_up, pairs, ff, act, stream_);
+    launch_moe_gemv(static_cast<const uint16_t*>(experts.down.data), hidden, hidden, ff, ids_dev, pairs, top_k, act,
+                    true, y, stream_);
+    launch_moe_combine(y, hidden, nullptr, route_weights, tokens, top_k, out, stream_);
+    return;
+  }
   std::vector<int32_t> ids(static_cast<size_t>(pairs));
   NINFER_CUDA_CHECK(cudaMemcpyAsync(ids.data(), ids_dev, ids.size() * 4, cudaMemcpyDeviceToHost, stream_));
   NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -91,69 +91,103 @@ __global__ void gdn_gates(const float* __restrict__ b, int64_t b_stride, const f
   g[i] = -expf(A_log[h]) * softplus;
 }
 
-// Grid (value_dim / 32 column tiles, value heads, sequences), 128 threads: warp w holds rows
-// [w*ROWS, (w+1)*ROWS) of 32 state columns in registers (dk = 4*ROWS), so the state is read and
-// written once per call however many tokens the sequence has. Per token:
+inline constexpr int kDeltaRuleCols = 8;  // state columns per block
+
+// Grid (value_dim / 8 column tiles, value heads, sequences), 128 threads. Thread (warp w, lane
+// l) owns column l % 8 of the tile and rows [g*ROWS, (g+1)*ROWS) of it, g = 4w + l/8 (16 row
+// groups, dk = 16*ROWS), in registers: the state is read and written once per call however
+// many tokens the sequence has. Narrow tiles give a single long prefill 4x more blocks than
+// 32-column tiles would (the per-token work is sequential and latency-bound). Per token:
 //   S <- exp(g) S;  kv = S^T k;  delta = beta (v - kv);  S <- S + k delta^T;  o = S^T q
-// with the dk sums reduced across the 4 warps through shared memory.
+// with the dk sums reduced by shuffles within a warp and across the 4 warps through shared
+// memory (three barriers a token).
 template <int ROWS>
 __global__ void __launch_bounds__(128) gated_delta_rule_recurrent(GdnDims shape, DeltaRuleArgs args,
                                                                   const GdnSeq* __restrict__ seqs) {
-  constexpr int kDk = 4 * ROWS;
+  constexpr int kDk = 16 * ROWS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = lane & 7;
+  const int row0 = (warp * 4 + (lane >> 3)) * ROWS;
   const int h = blockIdx.y;
-  const int col = blockIdx.x * 32 + lane;
+  const int col = blockIdx.x * kDeltaRuleCols + c;
   const GdnSeq seq = seqs[blockIdx.z];
   const int dv = shape.value_dim, hv = shape.value_heads;
   const int hk = h / (hv / shape.key_heads);
   float* state = seq.ssm_state + static_cast<int64_t>(h) * kDk * dv;
   float s[ROWS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) s[r] = state[static_cast<int64_t>(warp * ROWS + r) * dv + col];
+  for (int r = 0; r < ROWS; ++r) s[r] = state[static_cast<int64_t>(row0 + r) * dv + col];
 
-  __shared__ float qs[kDk], ks[kDk], partial[4][32];
-  for (int t = 0; t < seq.num_tokens; ++t) {
+  __shared__ float qs[kDk], ks[kDk], partial_kv[4][kDeltaRuleCols], partial_o[4][kDeltaRuleCols];
+  // The next token's q, k, v, g, beta are loaded into registers while this one computes, so
+  // the global-memory latency overlaps the (sequential) per-token work of long prefills.
+  constexpr int kPerThread = (kDk + 127) / 128;
+  float qn[kPerThread], kn[kPerThread], vn = 0.0f, gn = 0.0f, bn = 0.0f;
+  auto load = [&](int t) {
     const int64_t row = seq.row_begin + t;
     const float* qrow = args.q + row * args.qk_stride + static_cast<int64_t>(hk) * kDk;
     const float* krow = args.k + row * args.qk_stride + static_cast<int64_t>(hk) * kDk;
-    for (int i = threadIdx.x; i < kDk; i += 128) {
-      qs[i] = qrow[i];
-      ks[i] = krow[i];
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = threadIdx.x + 128 * j;
+      if (i < kDk) {
+        qn[j] = qrow[i];
+        kn[j] = krow[i];
+      }
     }
-    const float v = args.v[row * args.v_stride + static_cast<int64_t>(h) * dv + col];
-    const float decay = expf(args.g[row * hv + h]);
-    const float beta = args.beta[row * hv + h];
+    vn = args.v[row * args.v_stride + static_cast<int64_t>(h) * dv + col];
+    gn = args.g[row * hv + h];
+    bn = args.beta[row * hv + h];
+  };
+  if (seq.num_tokens > 0) load(0);
+  for (int t = 0; t < seq.num_tokens; ++t) {
+    const int64_t row = seq.row_begin + t;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = threadIdx.x + 128 * j;
+      if (i < kDk) {
+        qs[i] = qn[j];
+        ks[i] = kn[j];
+      }
+    }
+    const float v = vn, decay = expf(gn), beta = bn;
     __syncthreads();
+    if (t + 1 < seq.num_tokens) load(t + 1);
     float kv = 0.0f;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       s[r] *= decay;
-      kv += s[r] * ks[warp * ROWS + r];
+      kv += s[r] * ks[row0 + r];
     }
-    partial[warp][lane] = kv;
+    kv += __shfl_xor_sync(0xffffffffu, kv, 8);
+    kv += __shfl_xor_sync(0xffffffffu, kv, 16);
+    if (lane < kDeltaRuleCols) partial_kv[warp][c] = kv;
     __syncthreads();
-    const float delta = beta * (v - (partial[0][lane] + partial[1][lane] + partial[2][lane] + partial[3][lane]));
+    const float delta = beta * (v - (partial_kv[0][c] + partial_kv[1][c] + partial_kv[2][c] + partial_kv[3][c]));
     float o = 0.0f;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      s[r] += ks[warp * ROWS + r] * delta;
-      o += s[r] * qs[warp * ROWS + r];
+      s[r] += ks[row0 + r] * delta;
+      o += s[r] * qs[row0 + r];
     }
-    __syncthreads();  // every warp has read partial[] (kv) before it is reused
-    partial[warp][lane] = o;
+    o += __shfl_xor_sync(0xffffffffu, o, 8);
+    o += __shfl_xor_sync(0xffffffffu, o, 16);
+    if (lane < kDeltaRuleCols) partial_o[warp][c] = o;
+    // After this barrier every warp is done with qs/ks and partial_kv of this token, so the
+    // next token may overwrite them; partial_o is next written after the next token's second
+    // barrier, which warp 0 reaches only after reading it here.
     __syncthreads();
-    if (warp == 0)
+    if (warp == 0 && lane < kDeltaRuleCols)
       args.out[row * args.out_stride + static_cast<int64_t>(h) * dv + col] =
-          partial[0][lane] + partial[1][lane] + partial[2][lane] + partial[3][lane];
+          partial_o[0][c] + partial_o[1][c] + partial_o[2][c] + partial_o[3][c];
     if (seq.ssm_history) {
       float* snap = seq.ssm_history + (static_cast<int64_t>(t) * hv + h) * kDk * dv;
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) snap[static_cast<int64_t>(warp * ROWS + r) * dv + col] = s[r];
+      for (int r = 0; r < ROWS; ++r) snap[static_cast<int64_t>(row0 + r) * dv + col] = s[r];
     }
-    __syncthreads();  // qs/ks/partial are rewritten by the next token
   }
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) state[static_cast<int64_t>(warp * ROWS + r) * dv + col] = s[r];
+  for (int r = 0; r < ROWS; ++r) state[static_cast<int64_t>(row0 + r) * dv + col] = s[r];
 }
 
 }  // namespace ninfer::cuda::kernels

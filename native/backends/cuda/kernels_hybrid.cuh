@@ -121,7 +121,10 @@ __global__ void moe_combine(const float* __restrict__ rows, int64_t hidden, cons
   if (i >= tokens * hidden) return;
   const int64_t t = i / hidden, c = i % hidden;
   float acc = out[i];
-  for (int s = 0; s < top_k; ++s) acc += weights[t * top_k + s] * rows[static_cast<int64_t>(row_of[t * top_k + s]) * hidden + c];
+  for (int s = 0; s < top_k; ++s) {
+    const int64_t pair = t * top_k + s;
+    acc += weights[pair] * rows[static_cast<int64_t>(row_of ? row_of[pair] : pair) * hidden + c];
+  }
   out[i] = acc;
 }
 
@@ -130,6 +133,45 @@ __global__ void moe_add_gated_shared(const float* __restrict__ shared, const flo
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * hidden) return;
   out[i] += shared[i] / (1.0f + expf(-gate_logit[i / hidden]));
+}
+
+inline constexpr int kMoeGemvWarps = 8;
+
+// Expert matmul of every (token, slot) pair without grouping (decode): block (row tile, pair p)
+// computes y[p, r] = W[ids[p] * expert_rows + r, :] . bf16(x[token(p), :]) for kMoeGemvWarps
+// rows, one warp per row with 16-byte weight loads. token(p) = p / top_k, or p when x holds one
+// row per pair. The expert id is read on the device: no host round trip.
+__global__ void __launch_bounds__(kMoeGemvWarps * 32)
+    moe_gemv(const uint16_t* __restrict__ w, int64_t expert_rows, int rows_out, int k, const int32_t* __restrict__ ids,
+             int top_k, const float* __restrict__ x, bool x_per_pair, float* __restrict__ y) {
+  extern __shared__ float xs[];
+  const int p = blockIdx.y;
+  const float* xr = x + static_cast<int64_t>(x_per_pair ? p : p / top_k) * k;
+  for (int i = threadIdx.x; i < k; i += blockDim.x) xs[i] = round_bf16(xr[i]);
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kMoeGemvWarps + (threadIdx.x >> 5);
+  if (row >= rows_out) return;
+  const uint16_t* wr = w + (static_cast<int64_t>(ids[p]) * expert_rows + row) * k;
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int c = lane * 8; c < k; c += 256) {
+    float f[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(wr + c), f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc += f[j] * xs[c + j];
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[static_cast<int64_t>(p) * rows_out + row] = acc;
+}
+
+// out[p, j] = silu(in[p, j]) * in[p, ff + j]: the gate | up halves of a fused projection.
+__global__ void swiglu_halves(const float* __restrict__ in, int64_t rows, int64_t ff, float* __restrict__ out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= rows * ff) return;
+  const int64_t r = i / ff, j = i % ff;
+  const float g = in[r * 2 * ff + j];
+  out[i] = g / (1.0f + expf(-g)) * in[r * 2 * ff + ff + j];
 }
 
 __global__ void concat_columns(const float* __restrict__ a, int64_t a_cols, const float* __restrict__ b,

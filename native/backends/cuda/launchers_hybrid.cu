@@ -39,7 +39,8 @@ void conv_for(const float* x, int64_t x_stride, int64_t channels, const float* w
 
 bool gdn_shape_supported(const GdnDims& s) {
   return s.key_heads > 0 && s.value_heads > 0 && s.value_heads % s.key_heads == 0 &&
-         (s.key_dim == 64 || s.key_dim == 128 || s.key_dim == 256) && s.value_dim > 0 && s.value_dim % 32 == 0;
+         (s.key_dim == 64 || s.key_dim == 128 || s.key_dim == 256) && s.value_dim > 0 &&
+         s.value_dim % kernels::kDeltaRuleCols == 0;
 }
 
 void launch_causal_conv1d_silu(const float* x, int64_t x_stride, int64_t channels, const float* weight, int kernel,
@@ -79,13 +80,13 @@ void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs
   if (num_seqs <= 0) return;
   if (!gdn_shape_supported(shape))
     throw std::invalid_argument("gated delta rule (CUDA): key_dim " + std::to_string(shape.key_dim) + " / value_dim " +
-                                std::to_string(shape.value_dim) + " not supported (key_dim 64/128/256, value_dim % 32)");
-  const dim3 grid(static_cast<unsigned int>(shape.value_dim / 32), static_cast<unsigned int>(shape.value_heads),
-                  static_cast<unsigned int>(num_seqs));
+                                std::to_string(shape.value_dim) + " not supported (key_dim 64/128/256, value_dim % 8)");
+  const dim3 grid(static_cast<unsigned int>(shape.value_dim / kernels::kDeltaRuleCols),
+                  static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(num_seqs));
   switch (shape.key_dim) {
-    case 64: kernels::gated_delta_rule_recurrent<16><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
-    case 128: kernels::gated_delta_rule_recurrent<32><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
-    default: kernels::gated_delta_rule_recurrent<64><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
+    case 64: kernels::gated_delta_rule_recurrent<4><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
+    case 128: kernels::gated_delta_rule_recurrent<8><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
+    default: kernels::gated_delta_rule_recurrent<16><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
   }
   NINFER_CUDA_CHECK_LAUNCH();
 }
@@ -157,6 +158,23 @@ void launch_moe_add_gated_shared(const float* shared, const float* gate_logit, i
   if (tokens * hidden <= 0) return;
   kernels::moe_add_gated_shared<<<blocks_of(tokens * hidden), kThreads, 0, stream>>>(shared, gate_logit, tokens,
                                                                                      hidden, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_gemv(const uint16_t* w, int64_t expert_rows, int64_t rows_out, int64_t k, const int32_t* ids,
+                     int64_t pairs, int64_t top_k, const float* x, bool x_per_pair, float* y, cudaStream_t stream) {
+  if (pairs <= 0 || rows_out <= 0) return;
+  if (k % 8 != 0 || k > 12288 || pairs > 65535)
+    throw std::invalid_argument("moe_gemv: needs k % 8 == 0, k <= 12288 and at most 65535 pairs");
+  const dim3 grid(blocks_of(rows_out, kernels::kMoeGemvWarps), static_cast<unsigned int>(pairs));
+  kernels::moe_gemv<<<grid, kernels::kMoeGemvWarps * 32, static_cast<size_t>(k) * sizeof(float), stream>>>(
+      w, expert_rows, static_cast<int>(rows_out), static_cast<int>(k), ids, static_cast<int>(top_k), x, x_per_pair, y);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu_halves(const float* in, int64_t rows, int64_t ff, float* out, cudaStream_t stream) {
+  if (rows * ff <= 0) return;
+  kernels::swiglu_halves<<<blocks_of(rows * ff), kThreads, 0, stream>>>(in, rows, ff, out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

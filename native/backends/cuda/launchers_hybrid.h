@@ -31,7 +31,7 @@ struct GdnDims {
   int32_t value_dim = 0;
 };
 
-// True when the delta-rule kernel supports these dims (key_dim 64/128/256, value_dim % 32 == 0).
+// True when the delta-rule kernel supports these dims (key_dim 64/128/256, value_dim % 8 == 0).
 bool gdn_shape_supported(const GdnDims& shape);
 
 // Causal depthwise conv1d + SiLU over each sequence's rows with carried state (see
@@ -91,7 +91,8 @@ void launch_moe_route_softmax_topk(const float* logits, int64_t tokens, int64_t 
                                    bool renormalize, int32_t* expert_ids, float* weights, cudaStream_t stream);
 
 // out[t, :] += sum over the token's top_k slots s of weights[t, s] * rows[row_of[t, s], :]
-// (rows: the expert outputs grouped by expert; row_of maps each (token, slot) to its row).
+// (rows: the expert outputs grouped by expert; row_of maps each (token, slot) to its row, or
+// is null when row t*top_k+s belongs to (t, s)).
 // Deterministic: one thread per output element sums in slot order.
 void launch_moe_combine(const float* rows, int64_t hidden, const int32_t* row_of, const float* weights, int64_t tokens,
                         int64_t top_k, float* out, cudaStream_t stream);
@@ -99,6 +100,16 @@ void launch_moe_combine(const float* rows, int64_t hidden, const int32_t* row_of
 // out[t, :] += sigmoid(gate_logit[t]) * shared[t, :].
 void launch_moe_add_gated_shared(const float* shared, const float* gate_logit, int64_t tokens, int64_t hidden,
                                  float* out, cudaStream_t stream);
+
+// Expert matmul per (token, slot) pair, expert ids read on the device (decode, no grouping):
+// y[p, r] = w[ids[p] * expert_rows + r, :] . bf16(x[token(p), :]) for r < rows_out, where w is a
+// stack of experts of expert_rows rows of width k (k % 8 == 0, k <= 12288), token(p) = p / top_k,
+// or p when x_per_pair.
+void launch_moe_gemv(const uint16_t* w, int64_t expert_rows, int64_t rows_out, int64_t k, const int32_t* ids,
+                     int64_t pairs, int64_t top_k, const float* x, bool x_per_pair, float* y, cudaStream_t stream);
+
+// out[p, j] = silu(in[p, j]) * in[p, ff + j] for in [rows, 2 ff], out [rows, ff].
+void launch_swiglu_halves(const float* in, int64_t rows, int64_t ff, float* out, cudaStream_t stream);
 
 // out[r, :] = [a[r, :] | b[r, :]].
 void launch_concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows, float* out,
