@@ -23,7 +23,7 @@ ModelInfo describe(const Artifact& artifact, const Qwen35Config& cfg) {
   info.vocab_size = cfg.vocab;
   info.hidden_size = cfg.hidden;
   info.num_layers = cfg.layers;
-  info.num_kv_layers = cfg.kv_layers();
+  info.num_kv_layers = cfg.kv_pool_layers();
   info.num_kv_heads = cfg.kv_heads;
   info.head_dim = cfg.head_dim;
   info.max_position_embeddings = cfg.max_positions;
@@ -83,7 +83,7 @@ class Qwen35Model final : public Model, public MtpHead {
         options_(options), artifact_(artifact) {
     if (options.max_batch_tokens <= 0 || options.max_lanes <= 0)
       throw std::runtime_error("max_batch_tokens and max_lanes must be positive");
-    if (kv.num_layers() != cfg_.kv_layers() || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
+    if (kv.num_layers() != cfg_.kv_pool_layers() || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
       throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
     backend_ = make_backend(options.device, options.threads);
     backend_->bind_kv(kv_);

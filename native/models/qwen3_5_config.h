@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backends/backend.h"
@@ -29,6 +30,9 @@ struct Qwen35Config {
   int64_t gdn_layers() const { return layers - full_attention_layers(); }
   // KV layers: the full-attention layers in order, then the MTP layers.
   int64_t kv_layers() const { return full_attention_layers() + mtp_layers; }
+  // Layers of the KV pool: kv_layers(), but at least one (a pool needs one even when every
+  // layer is a GDN layer, as the engine allocates positions as pages).
+  int64_t kv_pool_layers() const { return kv_layers() > 0 ? kv_layers() : 1; }
 };
 
 bool is_qwen3_5_architecture(const std::string& architecture);

@@ -36,7 +36,7 @@ KvGeometry kv_geometry(const Artifact& artifact) {
     // Only the gated full-attention layers (and the MTP head's) keep K/V; GDN layers keep
     // per-lane state slots instead.
     const Qwen35Config cfg = read_qwen3_5_config(artifact);
-    return {cfg.kv_layers(), cfg.kv_heads, cfg.head_dim};
+    return {cfg.kv_pool_layers(), cfg.kv_heads, cfg.head_dim};
   }
   if (!is_dense_llama_family(architecture)) unsupported(architecture);
   const json::Value& c = artifact.config();

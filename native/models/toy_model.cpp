@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -14,6 +15,13 @@ ToyModel::ToyModel(int64_t vocab_size, KvPool& pool, int max_lanes, int64_t max_
   if (max_lanes < 1) throw std::invalid_argument("toy model needs at least one lane");
   if (pool.num_layers() != kLayers || pool.num_kv_heads() != kHeads || pool.head_dim() != kHeadDim)
     throw std::invalid_argument("toy model needs a KV pool with 1 layer, 1 head, head_dim 1");
+  // The toy model runs on no backend; it keeps its "KV" (token ids) in host float32 pages.
+  if (!pool.has_storage()) {
+    const auto elems = static_cast<size_t>(pool.storage_elems());
+    pool.attach_storage({std::shared_ptr<void>(new float[elems](), std::default_delete<float[]>()), DType::F32, "cpu"});
+  } else if (pool.storage().device != "cpu" || pool.storage().dtype != DType::F32) {
+    throw std::invalid_argument("toy model needs a KV pool with host float32 storage");
+  }
   info_.architecture = "toy";
   info_.vocab_size = vocab_size;
   info_.hidden_size = 1;

@@ -1,0 +1,95 @@
+"""The native MTP head (Qwen35Model::forward_mtp through ModelRunner.forward_mtp) against the
+float64 reference of the same math (qwen3_5_reference.py, itself checked against transformers'
+pieces), on random artifacts: a prefill of shifted pairs, then draft steps that feed back the
+head's own normed hidden and continue its KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import qwen3_5_reference as ref  # noqa: E402
+from ninfer import _core  # noqa: E402
+from ninfer.convert.random import make_random_artifact  # noqa: E402
+from qwen3_5_hf_bridge import artifact_state_dict  # noqa: E402
+
+SMALL = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=6,
+    num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=6,
+    linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=400, mtp_num_hidden_layers=1,
+)
+CONFIGS = {
+    "qwen3_5": dict(SMALL, architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text"),
+    "qwen3_5_moe": {
+        **{k: v for k, v in SMALL.items() if k != "intermediate_size"},
+        "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "tie_word_embeddings": True,
+    },
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def case(request, tmp_path_factory) -> tuple[Path, dict, dict]:
+    path = make_random_artifact(CONFIGS[request.param], tmp_path_factory.mktemp("mtp") / "a.ninfer",
+                                seed=8, dtype="f32", tokenizer="synthetic")
+    _, config, tensors = artifact_state_dict(path)
+    weights = {n: torch.from_numpy(a.astype(np.float64)) for n, a in tensors.items()}
+    return path, config, weights
+
+
+def _close(ours: np.ndarray, exact: torch.Tensor, what: str) -> None:
+    exact_np = exact.numpy()
+    error, scale = np.abs(ours - exact_np).max(), np.abs(exact_np).max()
+    assert error <= 2e-6 * scale, f"{what}: {error:.3g} (scale {scale:.3g})"
+
+
+def test_mtp_prefill_and_draft_steps_match_reference(case):
+    path, config, w = case
+    rng = np.random.default_rng(4)
+    hidden_size, pairs = config["hidden_size"], 40
+    runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2)
+    cache = ref.KvCache()
+    # Prefill: slot i pairs the main model's normed hidden h_i with token x_{i+1}.
+    hidden = rng.standard_normal((pairs, hidden_size)).astype(np.float32)
+    tokens = rng.integers(0, config["vocab_size"], pairs).tolist()
+    logits, normed = runner.forward_mtp(0, 0, tokens, hidden, step=0)
+    exact_logits, exact_normed = ref.mtp_forward(
+        w, config, torch.from_numpy(hidden.astype(np.float64)), torch.tensor(tokens),
+        torch.arange(pairs), cache)
+    _close(logits, exact_logits, "prefill logits")
+    _close(normed, exact_normed, "prefill hidden")
+    # Draft steps: feed back the head's own hidden and greedy token at the next position.
+    h, token = normed[-1:], int(logits[-1].argmax())
+    for step in range(1, 4):
+        position = pairs - 1 + step
+        logits, h_next = runner.forward_mtp(0, position, [token], h, step=step)
+        exact_logits, exact_h = ref.mtp_forward(
+            w, config, torch.from_numpy(h.astype(np.float64)), torch.tensor([token]),
+            torch.tensor([position]), cache, step)
+        _close(logits, exact_logits, f"draft step {step} logits")
+        _close(h_next, exact_h, f"draft step {step} hidden")
+        h, token = h_next, int(logits[0].argmax())
+
+
+def test_mtp_rejects_bad_inputs(case):
+    path, config, _ = case
+    runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2)
+    with pytest.raises(ValueError, match="hidden_prev"):
+        runner.forward_mtp(0, 0, [1, 2], np.zeros((3, config["hidden_size"]), np.float32))
+    with pytest.raises(ValueError, match="step"):
+        runner.forward_mtp(0, 0, [1], np.zeros((1, config["hidden_size"]), np.float32), step=-1)
+
+
+def test_model_without_mtp_head_says_so(tmp_path):
+    config = dict(CONFIGS["qwen3_5"], mtp_num_hidden_layers=0)
+    path = make_random_artifact(config, tmp_path / "a.ninfer", seed=1, dtype="f32",
+                                tokenizer="synthetic")
+    runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=16, threads=2)
+    assert runner.info["num_kv_layers"] == 1  # one full-attention layer, no MTP layer
+    with pytest.raises(RuntimeError, match="no MTP head"):
+        runner.forward_mtp(0, 0, [1], np.zeros((1, 64), np.float32))
