@@ -89,7 +89,8 @@ def test_conv1d_silu_with_state_slots(ops, rng, kernel, lengths):
     states = randn(rng, num_slots, kernel - 1, channels)
     before = states.copy()
     out = poisoned(rows, channels)
-    ops.causal_conv1d_silu(x, w, seqs, states, out)
+    history = poisoned(rows, kernel - 1, channels)
+    ops.causal_conv1d_silu(x, w, seqs, states, out, history)
     ref = np.zeros((rows, channels))
     used = set()
     for begin, n, slot in seqs:
@@ -99,6 +100,11 @@ def test_conv1d_silu_with_state_slots(ops, rng, kernel, lengths):
         )
         for t in range(n):
             ref[begin + t] = silu(np.sum(full[t : t + kernel].T * w, axis=1))
+            np.testing.assert_array_equal(
+                history[begin + t],
+                full[t + 1 : t + kernel].astype(np.float32),
+                err_msg=f"conv state after token {t} (seed {rng.seed_value})",
+            )
         np.testing.assert_array_equal(
             states[slot],
             full[-(kernel - 1) :].astype(np.float32),
@@ -180,14 +186,15 @@ def delta_rule_reference(q, k, v, g, beta, state):
     q = np.repeat(q.astype(np.float64), ratio, axis=1)
     k = np.repeat(k.astype(np.float64), ratio, axis=1)
     s = state.astype(np.float64).copy()
-    outs = []
+    outs, history = [], []
     for t in range(q.shape[0]):
         s = s * np.exp(g[t].astype(np.float64))[:, None, None]
         memory = np.einsum("hij,hi->hj", s, k[t])
         delta = beta[t].astype(np.float64)[:, None] * (v[t] - memory)
         s = s + k[t][:, :, None] * delta[:, None, :]
         outs.append(np.einsum("hij,hi->hj", s, q[t]))
-    return np.stack(outs), s
+        history.append(s.copy())
+    return np.stack(outs), s, np.stack(history)
 
 
 def unit_heads(x):
@@ -211,14 +218,16 @@ def test_gated_delta_rule_over_state_slots(ops, rng, hk, hv, dk, dv, lengths):
     states = randn(rng, num_slots, hv, dk, dv, scale=0.5)
     before = states.copy()
     out = poisoned(rows, hv, dv)
-    ops.gated_delta_rule(q, k, v, g, beta, seqs, states, out)
+    history = poisoned(rows, hv, dk, dv)
+    ops.gated_delta_rule(q, k, v, g, beta, seqs, states, out, history)
     for begin, n, slot in seqs:
         sl = slice(begin, begin + n)
-        ref_out, ref_state = delta_rule_reference(
+        ref_out, ref_state, ref_history = delta_rule_reference(
             q[sl], k[sl], v[sl], g[sl], beta[sl], before[slot]
         )
         check(out[sl], ref_out, rng, 2e-5, f"out of lane in slot {slot}")
         check(states[slot], ref_state, rng, 2e-5, f"state of slot {slot}")
+        check(history[sl], ref_history, rng, 2e-5, f"per-token states of slot {slot}")
     for slot in set(range(num_slots)) - set(slots):
         np.testing.assert_array_equal(states[slot], before[slot], err_msg="an unused slot changed")
 

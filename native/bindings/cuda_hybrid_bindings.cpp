@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -94,17 +95,23 @@ class CudaHybridOps {
     cudaStreamDestroy(stream_);
   }
 
-  void causal_conv1d_silu(py::array x, py::array weight, const SeqList& seqs, py::array conv_states, py::array out) {
+  // history (optional): [rows, K-1, C], the conv state after each row of each sequence.
+  void causal_conv1d_silu(py::array x, py::array weight, const SeqList& seqs, py::array conv_states, py::array out,
+                          std::optional<py::array> history) {
     if (x.ndim() != 2 || weight.ndim() != 2 || out.ndim() != 2) throw py::value_error("x, out [rows, C]; weight [C, K]");
     const int64_t channels = x.shape(1);
     F32 xd(x, "x", stream_), wd(weight, "weight", stream_), sd(conv_states, "conv_states", stream_),
         od(out, "out", stream_);
     const int64_t kernel = weight.shape(1);
-    auto [sq, max_tokens] = upload_seqs(seqs, sd.get(), (kernel - 1) * channels, nullptr, 0);
+    std::unique_ptr<F32> hd;
+    if (history) hd = std::make_unique<F32>(*history, "history", stream_);
+    auto [sq, max_tokens] = upload_seqs(seqs, sd.get(), (kernel - 1) * channels, nullptr, 0,
+                                        hd ? hd->get() : nullptr, (kernel - 1) * channels);
     cuda::launch_causal_conv1d_silu(xd.get(), channels, channels, wd.get(), static_cast<int>(kernel), sq->seqs(),
                                     static_cast<int>(seqs.size()), max_tokens, od.get(), channels, stream_);
     od.download();
     sd.download();
+    if (hd) hd->download();
   }
 
   void l2norm_heads(py::array x, float scale, float eps) {
@@ -125,21 +132,27 @@ class CudaHybridOps {
     gd.download();
   }
 
-  // q, k [rows, Hk, dk]; v, out [rows, Hv, dv]; g, beta [rows, Hv]; states [slots, Hv, dk, dv].
+  // q, k [rows, Hk, dk]; v, out [rows, Hv, dv]; g, beta [rows, Hv]; states [slots, Hv, dk, dv];
+  // history (optional): [rows, Hv, dk, dv], the state after each row of each sequence.
   void gated_delta_rule(py::array q, py::array k, py::array v, py::array g, py::array beta, const SeqList& seqs,
-                        py::array states, py::array out) {
+                        py::array states, py::array out, std::optional<py::array> history) {
     if (q.ndim() != 3 || v.ndim() != 3 || states.ndim() != 4) throw py::value_error("bad ranks");
     const GdnDims shape{static_cast<int32_t>(q.shape(1)), static_cast<int32_t>(v.shape(1)),
                          static_cast<int32_t>(q.shape(2)), static_cast<int32_t>(v.shape(2))};
     F32 qd(q, "q", stream_), kd(k, "k", stream_), vd(v, "v", stream_), gd(g, "g", stream_), bd(beta, "beta", stream_),
         sd(states, "states", stream_), od(out, "out", stream_);
-    auto [sq, max_tokens] = upload_seqs(seqs, nullptr, 0, sd.get(), states.size() / states.shape(0));
+    std::unique_ptr<F32> hd;
+    if (history) hd = std::make_unique<F32>(*history, "history", stream_);
+    const int64_t state_floats = states.size() / states.shape(0);
+    auto [sq, max_tokens] =
+        upload_seqs(seqs, nullptr, 0, sd.get(), state_floats, hd ? hd->get() : nullptr, state_floats, true);
     (void)max_tokens;
     cuda::DeltaRuleArgs args{qd.get(), kd.get(), q.shape(1) * q.shape(2), vd.get(), v.shape(1) * v.shape(2),
                              gd.get(), bd.get(), od.get(), v.shape(1) * v.shape(2)};
     cuda::launch_gated_delta_rule_recurrent(shape, args, sq->seqs(), static_cast<int>(seqs.size()), stream_);
     od.download();
     sd.download();
+    if (hd) hd->download();
   }
 
   void gated_rmsnorm(py::array x, py::array z, py::array weight, float eps, py::array out) {
@@ -269,14 +282,18 @@ class CudaHybridOps {
   }
 
  private:
-  // (row_begin, num_tokens, slot) -> device GdnSeq pointing at slot `slot` of the state arrays.
+  // (row_begin, num_tokens, slot) -> device GdnSeq pointing at slot `slot` of the state arrays
+  // and, with a history array, at its rows [row_begin, row_begin + num_tokens) (row_floats each)
+  // as the conv history, or the ssm history when `ssm_history`.
   std::pair<std::unique_ptr<Scratch>, int> upload_seqs(const SeqList& seqs, float* conv, int64_t conv_stride,
-                                                       float* ssm, int64_t ssm_stride) {
+                                                       float* ssm, int64_t ssm_stride, float* history = nullptr,
+                                                       int64_t row_floats = 0, bool ssm_history = false) {
     std::vector<GdnSeq> host;
     int max_tokens = 0;
     for (const auto& [begin, count, slot] : seqs) {
+      float* h = history ? history + static_cast<int64_t>(begin) * row_floats : nullptr;
       host.push_back({begin, count, conv ? conv + slot * conv_stride : nullptr, ssm ? ssm + slot * ssm_stride : nullptr,
-                      nullptr, nullptr});
+                      ssm_history ? nullptr : h, ssm_history ? h : nullptr});
       max_tokens = std::max(max_tokens, count);
     }
     auto device = std::make_unique<Scratch>(host.size() * sizeof(GdnSeq));
@@ -318,12 +335,13 @@ void bind_cuda_hybrid(py::module_& m) {
   py::class_<CudaHybridOps>(m, "CudaHybridOps", "The CUDA hybrid-model kernels on numpy arrays (tests, benchmarks).")
       .def(py::init<int>(), py::arg("device") = 0)
       .def("causal_conv1d_silu", &CudaHybridOps::causal_conv1d_silu, py::arg("x"), py::arg("weight"), py::arg("seqs"),
-           py::arg("conv_states"), py::arg("out"))
+           py::arg("conv_states"), py::arg("out"), py::arg("history") = std::nullopt)
       .def("l2norm_heads", &CudaHybridOps::l2norm_heads, py::arg("x"), py::arg("scale"), py::arg("eps") = 1e-6f)
       .def("gdn_gates", &CudaHybridOps::gdn_gates, py::arg("b"), py::arg("a"), py::arg("A_log"), py::arg("dt_bias"),
            py::arg("beta"), py::arg("g"))
       .def("gated_delta_rule", &CudaHybridOps::gated_delta_rule, py::arg("q"), py::arg("k"), py::arg("v"),
-           py::arg("g"), py::arg("beta"), py::arg("seqs"), py::arg("states"), py::arg("out"))
+           py::arg("g"), py::arg("beta"), py::arg("seqs"), py::arg("states"), py::arg("out"),
+           py::arg("history") = std::nullopt)
       .def("gated_rmsnorm", &CudaHybridOps::gated_rmsnorm, py::arg("x"), py::arg("z"), py::arg("weight"),
            py::arg("eps"), py::arg("out"))
       .def("rmsnorm_zero_centered", &CudaHybridOps::rmsnorm_zero_centered, py::arg("x"), py::arg("weight"),

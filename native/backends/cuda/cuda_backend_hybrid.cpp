@@ -60,8 +60,6 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
   for (const auto& s : slices) {
     if (s.row_begin != rows || s.num_tokens < 0 || !s.conv_state || !s.ssm_state)
       throw std::invalid_argument("gdn_mixer: slices must tile the rows in order and carry both states");
-    if ((s.conv_history == nullptr) != (s.ssm_history == nullptr))
-      throw std::invalid_argument("gdn_mixer: conv_history and ssm_history come together");
     seqs.push_back({s.row_begin, s.num_tokens, s.conv_state, s.ssm_state, s.conv_history, s.ssm_history});
     rows += s.num_tokens;
     max_tokens = std::max(max_tokens, s.num_tokens);
