@@ -239,6 +239,7 @@ void bind_cuda(py::module_& m) {
       .def("paged_attention", &CudaOps::paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"),
            py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
            py::arg("splits") = 0);
+  bind_cuda_hybrid(m);
 #else
   m.def("cuda_device_count", [] { return 0; }, "CUDA devices visible (this build has no CUDA backend).");
 #endif

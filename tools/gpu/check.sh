@@ -2,6 +2,8 @@
 # On the GPU machine: build the extension with the CUDA backend on all cores (sm_90a), run
 # the GPU tests, run the benchmark, and leave logs plus a results table in OUT_DIR.
 #   usage: tools/gpu/check.sh OUT_DIR [--small]   (--small: a small benchmark shape)
+#   NINFER_BENCH=dense|hybrid|all (default all): which benchmarks run (bench_cuda.py: the dense
+#   stand-in; bench_cuda_hybrid.py: the real Qwen3.6 27B / 35B-A3B hybrid shapes).
 set -uo pipefail
 out=${1:?usage: tools/gpu/check.sh OUT_DIR [--small]}
 shift
@@ -44,11 +46,20 @@ ln -sf "$(realpath "$so")" "python/ninfer/$(basename "$so")"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 
 echo "== GPU tests"
-"$py" -m pytest -m gpu tests/test_cuda_ops.py tests/test_cuda_model.py -q -rs -s -p no:cacheprovider \
+"$py" -m pytest -m gpu tests/test_cuda_ops.py tests/test_cuda_model.py \
+  tests/test_cuda_hybrid_ops.py tests/test_cuda_hybrid_model.py -q -rs -s -p no:cacheprovider \
   -o addopts="" 2>&1 | tee "$out/tests.log" | grep -vE "^$" | tail -60
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-echo "== benchmark"
-"$py" bench/bench_cuda.py --out "$out" "$@" 2>&1 | tee "$out/bench.log" | tail -45
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+bench=${NINFER_BENCH:-all}
+if [ "$bench" = all ] || [ "$bench" = dense ]; then
+  echo "== benchmark (dense stand-in)"
+  "$py" bench/bench_cuda.py --out "$out" "$@" 2>&1 | tee "$out/bench.log" | tail -45
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "$bench" = all ] || [ "$bench" = hybrid ]; then
+  echo "== benchmark (hybrid shapes)"
+  "$py" bench/bench_cuda_hybrid.py --out "$out" 2>&1 | tee "$out/bench_hybrid.log" | grep -v "^\[" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 exit "$status"

@@ -3,6 +3,7 @@
 `write_bf16_artifact` stores given float32 tensors as bf16 (so a reference model holding the
 same rounded weights computes the same function), or only the header when `tensors` is None
 (for `ModelRunner(..., random_weights_seed=...)`, whose weights are made on the device).
+Dense (Llama/Qwen2/Qwen3) and hybrid (Qwen3.5/3.6 dense and MoE) configs both work.
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ from typing import Any
 import numpy as np
 
 from ninfer.artifact import ArtifactWriter, f32_to_bf16_bits
-from ninfer.convert.model_config import architecture_of, normalize_config
+from ninfer.convert.random import plan_random_artifact
 
 
 def write_bf16_artifact(
     path: str | Path, hf_config: dict[str, Any], tensors: dict[str, np.ndarray] | None
 ) -> Path:
-    architecture = architecture_of(hf_config)
+    plan = plan_random_artifact(hf_config)
     writer = ArtifactWriter(
         path,
-        architecture=architecture,
-        config=normalize_config(architecture, hf_config),
+        architecture=plan.architecture,
+        config=plan.config,
         metadata={"name": "gpu-test", "source": "tools/gpu/model_files.py", "converter": "test",
                   "created": None},
         generation={},

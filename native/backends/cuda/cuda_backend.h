@@ -96,6 +96,22 @@ class CudaBackend final : public Backend {
   void add(float* y, const float* x, int64_t n) override;
   void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) override;
 
+  // Hybrid models (cuda_backend_hybrid.cpp). gdn_mixer runs the recurrent delta-rule kernel for
+  // every form (token by token, state in registers); a chunked tensor-core kernel for long
+  // prefills is future work.
+  void fill_zero(float* x, int64_t n) override;
+  void copy(float* dst, const float* src, int64_t n) override;
+  void gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weights, std::span<const GdnSlice> slices, float* mixed,
+                 const float* z, const float* b, const float* a, float* out, GdnForm form) override;
+  void split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads, int64_t head_dim, float* query,
+                        float* gate) override;
+  void sigmoid_mul(float* x, const float* gate, int64_t n) override;
+  void add_sigmoid_gated(float* y, const float* x, const float* gate_logits, int64_t rows, int64_t cols) override;
+  void moe_experts(const float* x, int64_t tokens, int64_t hidden, const float* router_logits,
+                   const MoeExperts& experts, float* out) override;
+  void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows,
+                      float* out) override;
+
   // Test/benchmark controls: force a matmul path, an attention kernel, or a split count
   // (0 = automatic) for the split-KV kernel.
   void set_matmul_path(MatmulPath path) { matmul_path_ = path; }
@@ -125,6 +141,9 @@ class CudaBackend final : public Backend {
 
   DeviceScratch x_bf16_, partials_;
   MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;
+  // hybrid-model scratch and metadata
+  DeviceScratch gdn_conv_out_, gdn_gates_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_;
+  MetadataSlot gdn_seqs_, moe_plan_;
 
   MatmulPath matmul_path_ = MatmulPath::Auto;
   AttentionPath attention_path_ = AttentionPath::Auto;

@@ -172,23 +172,45 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeP
   }
 }
 
-// One block per (item, head); HD threads fold the splits' states into the output row.
+// One block per (item, head); HD threads fold the splits' states into the output row. The
+// splits' (m, l) pairs are spread over the threads (independent loads, two block reductions)
+// and their weights kept in shared memory (`splits` floats, dynamic), so the final pass over
+// the accumulators issues independent loads instead of a chain of dependent ones.
 template <int HD>
 __global__ void combine_splits(const DecodeItem* __restrict__ items, const float* __restrict__ partials,
                                int num_heads, int splits, float* __restrict__ out) {
-  const int head = blockIdx.y, d = threadIdx.x;
+  extern __shared__ float weight[];
+  __shared__ float reduce[HD / 32];
+  const int head = blockIdx.y, d = threadIdx.x, lane = d & 31, warp = d >> 5;
   const float* base = partials + (static_cast<int64_t>(blockIdx.x) * num_heads + head) * splits * (HD + 2);
+  float m = -FLT_MAX;
+  for (int s = d; s < splits; s += HD)
+    if (base[s * (HD + 2) + 1] > 0.0f) m = fmaxf(m, base[s * (HD + 2)]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (lane == 0) reduce[warp] = m;
+  __syncthreads();
   float m_all = -FLT_MAX;
-  for (int s = 0; s < splits; ++s)
-    if (base[s * (HD + 2) + 1] > 0.0f) m_all = fmaxf(m_all, base[s * (HD + 2)]);
-  float l_all = 0.0f, a_all = 0.0f;
-  for (int s = 0; s < splits; ++s) {
+#pragma unroll
+  for (int w = 0; w < HD / 32; ++w) m_all = fmaxf(m_all, reduce[w]);
+  float l = 0.0f;
+  for (int s = d; s < splits; s += HD) {
     const float* part = base + s * (HD + 2);
-    if (part[1] <= 0.0f) continue;  // an empty split (past this row's last key)
-    const float w = expf(part[0] - m_all);
-    l_all += part[1] * w;
-    a_all += part[2 + d] * w;
+    const float w = part[1] > 0.0f ? expf(part[0] - m_all) : 0.0f;  // empty split: past the row's keys
+    weight[s] = w;
+    l += part[1] * w;
   }
+  l = warp_sum(l);
+  __syncthreads();  // every thread has read reduce[] (max) and written its weights
+  if (lane == 0) reduce[warp] = l;
+  __syncthreads();
+  float l_all = 0.0f;
+#pragma unroll
+  for (int w = 0; w < HD / 32; ++w) l_all += reduce[w];
+  float a_all = 0.0f;
+#pragma unroll 8
+  for (int s = 0; s < splits; ++s)
+    if (weight[s] != 0.0f) a_all += weight[s] * base[s * (HD + 2) + 2 + d];
   out[(static_cast<int64_t>(items[blockIdx.x].row) * num_heads + head) * HD + d] = a_all / l_all;
 }
 

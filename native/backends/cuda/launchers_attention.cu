@@ -20,7 +20,10 @@ void decode_for(const kernels::DecodeParams& p, int num_items, int num_kv_heads,
   NINFER_CUDA_CHECK_LAUNCH();
   if (p.splits > 1) {
     const dim3 combine_grid(static_cast<unsigned int>(num_items), static_cast<unsigned int>(p.num_heads));
-    kernels::combine_splits<HD><<<combine_grid, HD, 0, stream>>>(p.items, p.partials, p.num_heads, p.splits, p.out);
+    const size_t weights_bytes = static_cast<size_t>(p.splits) * sizeof(float);
+    if (weights_bytes > 48 * 1024) throw std::invalid_argument("decode attention: too many key splits");
+    kernels::combine_splits<HD><<<combine_grid, HD, weights_bytes, stream>>>(p.items, p.partials, p.num_heads, p.splits,
+                                                                            p.out);
     NINFER_CUDA_CHECK_LAUNCH();
   }
 }
