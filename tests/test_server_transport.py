@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 
@@ -256,3 +257,51 @@ def test_stopping_ends_running_and_queued_requests_with_503():
     assert "data: [DONE]" not in results["stream"]
     assert results["queued"].status_code == 503
     assert results["queued"].json()["error"]["code"] == "service_unavailable"
+
+
+def _accepted_socket_options(client: socket.socket) -> dict[str, int]:
+    """Read the options of the server's end of `client` (the server runs in this process)."""
+    import os
+
+    names = ["TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            candidate = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        with candidate:
+            try:
+                if candidate.type != socket.SOCK_STREAM or candidate.getpeername() != (
+                    client.getsockname()
+                ):
+                    continue
+            except OSError:
+                continue
+            found = {"SO_KEEPALIVE": candidate.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)}
+            for name in names:
+                found[name] = candidate.getsockopt(socket.IPPROTO_TCP, getattr(socket, name))
+            return found
+    raise AssertionError("the accepted socket was not found")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux socket options")
+def test_accepted_connections_use_keepalive_and_a_retransmission_limit():
+    from ninfer.server import listener
+
+    running = start_server(FakeEngine())
+    try:
+        with socket.create_connection(("127.0.0.1", running.port)) as client:
+            client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert client.recv(4096).startswith(b"HTTP/1.1 200")
+            options = _accepted_socket_options(client)
+        assert options == {
+            "SO_KEEPALIVE": 1,
+            "TCP_KEEPIDLE": listener.KEEPALIVE_IDLE_S,
+            "TCP_KEEPINTVL": listener.KEEPALIVE_INTERVAL_S,
+            "TCP_KEEPCNT": listener.KEEPALIVE_PROBES,
+            "TCP_USER_TIMEOUT": 15_000,
+        }
+    finally:
+        running.stop()
+    with pytest.raises(ConnectionRefusedError):  # stopped: the listener is closed
+        socket.create_connection(("127.0.0.1", running.port), timeout=2).close()
