@@ -16,9 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fake_engine import FakeEngine  # noqa: E402
-
 import ninfer.engine  # noqa: E402
+from fake_engine import FakeEngine  # noqa: E402
 from ninfer.server import cli  # noqa: E402
 
 
