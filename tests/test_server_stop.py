@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import signal
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ninfer.server.stopping import StopSignals
 from server_harness import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -184,3 +187,51 @@ def test_one_ctrl_c_before_ready_ends_startup(server_process):
     assert time.monotonic() - started < 5
     assert "startup interrupted" in server.log()
     assert "ready: serving" not in server.log()
+
+
+class FakeConsole(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_interactive_prompt_on_the_bottom_line_then_erased():
+    async def scenario() -> tuple[str, list[str], list[int]]:
+        console = FakeConsole()
+        stops: list[str] = []
+        exits: list[int] = []
+        signals = StopSignals(
+            asyncio.get_running_loop(),
+            lambda: stops.append("stop"),
+            lambda: True,
+            window_s=0.05,
+            console=console,
+            exit_now=exits.append,
+        )
+        signals.interrupt()
+        shown = console.getvalue()
+        await asyncio.sleep(0.15)  # the window passes: the prompt is erased, no stop
+        assert stops == [] and console.getvalue() == shown + "\r\x1b[K"
+        signals.interrupt()
+        signals.interrupt()  # within the window: stop
+        signals.interrupt()  # while stopping: exit at once
+        return shown, stops, exits
+
+    shown, stops, exits = asyncio.run(scenario())
+    assert shown == "\r\x1b[KPress Ctrl+C again within 0.05 s to close"
+    assert stops == ["stop"]
+    assert exits == [130]
+
+
+def test_sigterm_needs_no_confirmation_and_before_ready_one_press_stops():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        stops: list[str] = []
+        term = StopSignals(loop, lambda: stops.append("term"), lambda: True, console=io.StringIO())
+        term.terminate()
+        term.terminate()
+        early = StopSignals(loop, lambda: stops.append("early"), lambda: False)
+        early.interrupt()
+        assert early.stopped_before_ready and not term.stopped_before_ready
+        assert stops == ["term", "early"]
+
+    asyncio.run(scenario())

@@ -73,7 +73,8 @@ class StopSignals:
         """Ctrl+C (SIGINT)."""
         if self.stopping:
             log.warning("interrupted again while stopping: exiting at once")
-            logging.shutdown()
+            for handler in logging.getLogger().handlers:
+                handler.flush()  # os._exit skips the interpreter's own flushing
             self._exit_now(EXIT_AT_ONCE_STATUS)
             return
         if not self._is_ready():
