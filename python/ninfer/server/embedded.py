@@ -40,6 +40,12 @@ class _OwnSocketServer(Server):
         self._shd = SocketHolder(descriptor, False, BACKLOG)
         self._sfd = descriptor
 
+    def stop(self) -> None:
+        # Granian stops accepting on its duplicate; closing ours too lets the kernel refuse
+        # new connections now instead of queueing them until the worker has wound down.
+        super().stop()
+        self.listener.close()
+
     async def serve(self, spawn_target: Callable[..., None] | None = None) -> None:
         try:
             await super().serve(spawn_target)
