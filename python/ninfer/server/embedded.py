@@ -9,7 +9,6 @@ stream cancel does not reach the app (granian issue #917). The listening socket 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,7 @@ class _OwnSocketServer(Server):
         # Instead of Granian binding its own listener from (address, port). Its worker
         # takes ownership of the descriptor and closes it when it stops, so it gets a
         # duplicate; ours is closed after serving.
-        descriptor = os.dup(self.listener.fileno())
+        descriptor = self.listener.dup().detach()
         self._ssp = None
         self._shd = SocketHolder(descriptor, False, BACKLOG)
         self._sfd = descriptor
