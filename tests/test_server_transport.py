@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 
@@ -256,3 +257,125 @@ def test_stopping_ends_running_and_queued_requests_with_503():
     assert "data: [DONE]" not in results["stream"]
     assert results["queued"].status_code == 503
     assert results["queued"].json()["error"]["code"] == "service_unavailable"
+
+
+def _accepted_socket_options(client: socket.socket) -> dict[str, int]:
+    """Read the options of the server's end of `client` (the server runs in this process)."""
+    import os
+
+    names = ["TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            candidate = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        with candidate:
+            try:
+                if candidate.type != socket.SOCK_STREAM or candidate.getpeername() != (
+                    client.getsockname()
+                ):
+                    continue
+            except OSError:
+                continue
+            found = {"SO_KEEPALIVE": candidate.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)}
+            for name in names:
+                found[name] = candidate.getsockopt(socket.IPPROTO_TCP, getattr(socket, name))
+            return found
+    raise AssertionError("the accepted socket was not found")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux socket options")
+def test_accepted_connections_use_keepalive_and_a_retransmission_limit():
+    from ninfer.server import listener
+
+    running = start_server(FakeEngine())
+    try:
+        with socket.create_connection(("127.0.0.1", running.port)) as client:
+            client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert client.recv(4096).startswith(b"HTTP/1.1 200")
+            options = _accepted_socket_options(client)
+        assert options == {
+            "SO_KEEPALIVE": 1,
+            "TCP_KEEPIDLE": listener.KEEPALIVE_IDLE_S,
+            "TCP_KEEPINTVL": listener.KEEPALIVE_INTERVAL_S,
+            "TCP_KEEPCNT": listener.KEEPALIVE_PROBES,
+            "TCP_USER_TIMEOUT": 15_000,
+        }
+    finally:
+        running.stop()
+    with pytest.raises(ConnectionRefusedError):  # stopped: the listener is closed
+        socket.create_connection(("127.0.0.1", running.port), timeout=2).close()
+
+
+def _held_lane(running, engine):
+    """Start a stream that holds the only lane until closed; returns (response, close)."""
+    client = httpx.Client(timeout=10)
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "long: x"}]}
+    context = client.stream("POST", running.base_url + "/v1/chat/completions", json=body)
+    response = context.__enter__()
+    lines = response.iter_lines()
+    next(lines)
+    assert wait_until(lambda: engine.active == 1)
+
+    def close() -> None:
+        context.__exit__(None, None, None)
+        client.close()
+
+    return lines, close
+
+
+def test_queued_stream_sends_keep_alive_until_it_gets_a_lane():
+    engine = FakeEngine(EngineConfig(max_concurrency=1, max_pending_requests=1))
+    running = start_server(engine, AppConfig(keep_alive_s=0.1))
+    try:
+        holder_lines, release = _held_lane(running, engine)
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "queued"}],
+        }
+        with httpx.stream("POST", running.base_url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200  # headers before admission
+            assert r.headers["content-type"].startswith("text/event-stream")
+            lines = r.iter_lines()
+            seen = [line for line in (next(lines) for _ in range(6)) if line]
+            assert set(seen) == {": keep-alive"}  # still queued: comments only
+            assert engine.active == 1 and engine.outstanding == 2
+            release()
+            rest = [line for line in lines if line]
+        data = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+        assert data[0]["choices"][0]["delta"]["role"] == "assistant"
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in data)
+        assert content == "You said: queued."
+        assert rest[-1] == "data: [DONE]"
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"model": MODEL, "stream": True, "messages": USER}),
+        ("/v1/completions", {"model": MODEL, "stream": True, "prompt": "hi"}),
+    ],
+)
+def test_queue_timeout_on_a_started_stream_is_one_error_event(path, body):
+    engine = FakeEngine(
+        EngineConfig(max_concurrency=1, max_pending_requests=1, pending_timeout_ms=400)
+    )
+    running = start_server(engine, AppConfig(keep_alive_s=0.1))
+    try:
+        _, release = _held_lane(running, engine)
+        with httpx.stream("POST", running.base_url + path, json=body) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line]
+        release()
+        assert ": keep-alive" in lines
+        data = [line for line in lines if line.startswith("data: ")]
+        assert len(data) == 1  # no role chunk, no [DONE]: only the error
+        error = json.loads(data[0][6:])["error"]
+        assert error["code"] == "request_queue_timeout"
+        assert wait_until(lambda: engine.outstanding == 0)
+    finally:
+        running.stop()

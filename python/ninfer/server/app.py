@@ -111,6 +111,7 @@ class NInferApp:
         self.created = int(time.time())
         self._on_ready = on_ready
         self.inflight = InflightRequests()
+        self.ready = False  # set once Granian listens and the lifespan startup ran
 
     def begin_shutdown(self) -> None:
         """Refuse new generation requests and end the running and queued ones (503)."""
@@ -146,6 +147,7 @@ class NInferApp:
             if message["type"] == "lifespan.startup":
                 if self._on_ready is not None:
                     self._on_ready()
+                self.ready = True
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})

@@ -20,7 +20,14 @@ from ninfer.protocols.turn import TurnDecoder, TurnResult
 from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import from_decode_error
-from ninfer.server.generation import fail_stream, no_final_event, raise_if_failed, run_generation
+from ninfer.server.generation import (
+    fail_stream,
+    no_final_event,
+    raise_if_failed,
+    run_generation,
+    wait_for_lane,
+    wait_for_lane_streaming,
+)
 from ninfer.server.http import HttpRequest
 from ninfer.server.inflight import InflightRequests
 from ninfer.server.sse import SseStream, with_heartbeat
@@ -61,7 +68,8 @@ async def _aggregate(
     watcher: DisconnectWatcher,
     results: list[TurnResult],
 ) -> EngineEvent | None:
-    turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)
+    await wait_for_lane(handle, watcher)
+    turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)  # its clock starts now
     async for event in handle:
         turn.feed(event)
         if event.finished:
@@ -92,9 +100,10 @@ async def _stream(
 ) -> EngineEvent | None:
     sse = SseStream(request)
     await sse.open()
-    turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)
     total = lowered.prompt_tokens
     try:
+        await wait_for_lane_streaming(handle, watcher, sse, config.keep_alive_s)
+        turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)  # its clock starts now
         first = renderer.role_chunk()
         if lowered.return_token_ids:
             first["prompt_token_ids"] = lowered.generation.prompt_ids

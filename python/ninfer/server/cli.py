@@ -27,6 +27,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
     try:
+        return _main(args)
+    except KeyboardInterrupt:  # Ctrl+C before the server was ready: one press ends startup
+        return _startup_interrupted()
+
+
+def _startup_interrupted() -> int:
+    log.info("startup interrupted")
+    return 130
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
         check_address(args.host, args.port)  # fail before minutes of loading, not after
         template = _read_template(args.chat_template)
         artifact = resolve_model(args.model)
@@ -34,14 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 1
     try:
-        asyncio.run(_run(args, artifact, template))
-    except (ModelSetupError, ModelSourceError) as exc:
+        reached_ready = asyncio.run(_run(args, artifact, template))
+    except (ModelSetupError, ModelSourceError, OSError) as exc:
         log.error("%s", exc)
         return 1
-    except KeyboardInterrupt:
-        log.info("startup interrupted")
-        return 130
-    return 0
+    return 0 if reached_ready else _startup_interrupted()
 
 
 def check_address(host: str, port: int) -> None:
@@ -91,7 +100,8 @@ def _cuda_available() -> bool:
     return bool(probe and probe() > 0)
 
 
-async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -> None:
+async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -> bool:
+    """Load, warm up and serve until stopped; False when stopped before it was ready."""
     from ninfer.engine import AsyncEngine
 
     config = engine_config(args)
@@ -125,15 +135,20 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
             ),
             on_ready=lambda: _log_ready(served, config, args),
         )
-        await serve(
+        signals = await serve(
             app,
             args.host,
             args.port,
             on_stop=app.begin_shutdown,
+            is_ready=lambda: app.ready,
             debug=args.log_level in ("trace", "debug"),
         )
     finally:
         await engine.close()
+    signals.remove()
+    if not signals.stopped_before_ready:
+        log.info("server stopped")
+    return not signals.stopped_before_ready
 
 
 def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespace) -> None:

@@ -21,7 +21,14 @@ from ninfer.protocols.served_model import ServedModel
 from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import from_decode_error
-from ninfer.server.generation import fail_stream, no_final_event, raise_if_failed, run_generation
+from ninfer.server.generation import (
+    fail_stream,
+    no_final_event,
+    raise_if_failed,
+    run_generation,
+    wait_for_lane,
+    wait_for_lane_streaming,
+)
 from ninfer.server.http import HttpRequest
 from ninfer.server.inflight import InflightRequests
 from ninfer.server.sse import SseStream, with_heartbeat
@@ -75,6 +82,7 @@ async def _aggregate(
     lowered: LoweredCompletion,
     watcher: DisconnectWatcher,
 ) -> EngineEvent | None:
+    await wait_for_lane(handle, watcher)
     decoder = IncrementalTextDecoder()
     pieces: list[str] = []
     token_ids: list[int] = []
@@ -111,6 +119,7 @@ async def _stream(
     decoder = IncrementalTextDecoder()
     first = True
     try:
+        await wait_for_lane_streaming(handle, watcher, sse, config.keep_alive_s)
         events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
         async with contextlib.aclosing(events):
             async for event in events:

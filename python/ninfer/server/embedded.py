@@ -2,27 +2,67 @@
 
 One process holds one engine, so the server must not fork workers: Granian's embedded
 `Server` serves the app on the running asyncio loop. HTTP/1.1 is pinned because an HTTP/2
-stream cancel does not reach the app (granian issue #917).
+stream cancel does not reach the app (granian issue #917). The listening socket is ours
+(see listener.py), handed to Granian by file descriptor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import signal
+import socket
 from collections.abc import Callable
 from typing import Any
 
+from granian._granian import SocketHolder
 from granian.constants import HTTPModes, Interfaces
 from granian.log import LogLevels
 from granian.server.embed import Server
 
+from ninfer.server.listener import BACKLOG, open_listener
+from ninfer.server.stopping import StopSignals
 
-def make_server(app: Any, host: str, port: int, *, debug: bool = False) -> Server:
-    return Server(
+
+class _OwnSocketServer(Server):
+    """Granian's embedded server on a listening socket we created and configured."""
+
+    def __init__(self, app: Any, listener: socket.socket, **options: Any) -> None:
+        host, port = listener.getsockname()[:2]
+        super().__init__(app, address=host, port=port, backlog=BACKLOG, **options)
+        self.listener = listener
+
+    def _init_shared_socket(self) -> None:
+        # Instead of Granian binding its own listener from (address, port). Its worker
+        # takes ownership of the descriptor and closes it when it stops, so it gets a
+        # duplicate; ours is closed after serving.
+        descriptor = self.listener.dup().detach()
+        self._ssp = None
+        self._shd = SocketHolder(descriptor, False, BACKLOG)
+        self._sfd = descriptor
+
+    def stop(self) -> None:
+        # Granian stops accepting on its duplicate; closing ours too lets the kernel refuse
+        # new connections now instead of queueing them until the worker has wound down.
+        super().stop()
+        self.listener.close()
+
+    async def serve(self, spawn_target: Callable[..., None] | None = None) -> None:
+        try:
+            await super().serve(spawn_target)
+        finally:
+            self.listener.close()
+
+
+def make_server(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    debug: bool = False,
+    listener: socket.socket | None = None,
+) -> Server:
+    return _OwnSocketServer(
         app,
-        address=host,
-        port=port,
+        listener if listener is not None else open_listener(host, port),
         interface=Interfaces.ASGI,  # with lifespan: the app logs readiness once bound
         http=HTTPModes.http1,
         websockets=False,
@@ -32,21 +72,28 @@ def make_server(app: Any, host: str, port: int, *, debug: bool = False) -> Serve
 
 
 async def serve(
-    app: Any, host: str, port: int, *, on_stop: Callable[[], None], debug: bool = False
-) -> None:
-    """Serve until SIGINT/SIGTERM; `on_stop` runs first, so open streams end promptly."""
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    on_stop: Callable[[], None],
+    is_ready: Callable[[], bool],
+    debug: bool = False,
+) -> StopSignals:
+    """Serve until a signal stops it (stopping.py); `on_stop` runs first, so open streams end
+    promptly. The signal handlers stay installed, so that one more Ctrl+C while the caller
+    closes the engine exits at once; the caller removes them when it is done."""
     server = make_server(app, host, port, debug=debug)
-    loop = asyncio.get_running_loop()
 
     def stop() -> None:
         on_stop()
         server.stop()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+    signals = StopSignals(asyncio.get_running_loop(), stop, is_ready)
+    signals.install()
     try:
         await server.serve()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-    logging.getLogger("ninfer.server").info("server stopped")
+    except BaseException:
+        signals.remove()
+        raise
+    return signals

@@ -18,7 +18,7 @@ from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import ApiError, from_engine_error
 from ninfer.server.http import HttpRequest
 from ninfer.server.inflight import InflightRequests, shutting_down
-from ninfer.server.sse import SseStream
+from ninfer.server.sse import SseStream, await_with_heartbeat
 
 log = logging.getLogger("ninfer.server")
 
@@ -32,8 +32,9 @@ async def run_generation(
     generation: GenerationRequest,
     respond: Respond,
 ) -> tuple[EngineEvent | None, bool]:
-    """Submit, wait for a lane, then `respond(handle, watcher)`; returns its final event and
-    whether the client disconnected."""
+    """Submit, then `respond(handle, watcher)`, which waits for the lane itself (through
+    `wait_for_lane` or `wait_for_lane_streaming`); returns its final event and whether the
+    client disconnected."""
     watcher = DisconnectWatcher(request.receive)
     try:
         try:
@@ -43,7 +44,6 @@ async def run_generation(
         watcher.on_disconnect(handle.cancel)
         inflight.add(handle)
         try:
-            await watcher.race(handle.admitted())
             final = await respond(handle, watcher)
         finally:
             inflight.discard(handle)
@@ -51,6 +51,22 @@ async def run_generation(
     finally:
         watcher.stop()
     return final, watcher.disconnected.is_set()
+
+
+async def wait_for_lane(handle: Any, watcher: DisconnectWatcher) -> None:
+    """An aggregate answer waits for its lane silently: a queue timeout or a stop while
+    waiting is still a plain HTTP error response."""
+    await watcher.race(handle.admitted())
+
+
+async def wait_for_lane_streaming(
+    handle: Any, watcher: DisconnectWatcher, sse: SseStream, keep_alive_s: float
+) -> None:
+    """A stream sends its headers as soon as the engine accepted the request and then waits
+    for its lane with `: keep-alive` comments: the connection carries data while queued, so
+    a dead peer is detected by the retransmission limit (listener.py) and its place in the
+    queue freed. Failures from here on (a queue timeout, a stop) are one error event."""
+    await watcher.race(await_with_heartbeat(handle.admitted(), keep_alive_s, sse.keep_alive))
 
 
 def raise_if_failed(event: EngineEvent) -> None:

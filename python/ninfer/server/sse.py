@@ -68,3 +68,17 @@ async def with_heartbeat(
         except StopAsyncIteration:
             return
         yield item
+
+
+async def await_with_heartbeat(
+    awaitable: Awaitable[T], interval: float, beat: Callable[[], Awaitable[None]]
+) -> T:
+    """Await `awaitable`, awaiting `beat()` after every `interval` seconds it is not done."""
+    pending = asyncio.ensure_future(awaitable)
+    try:
+        while not (await asyncio.wait({pending}, timeout=interval))[0]:
+            await beat()
+    except BaseException:
+        pending.cancel()
+        raise
+    return pending.result()
