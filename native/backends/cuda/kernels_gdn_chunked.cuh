@@ -8,7 +8,10 @@
 //   S <- e^{G_last} S + sum_r e^{G_last-G_r} k_r V'_r^T
 // Every state column evolves independently given q, k, g, beta, so blocks own 32-column tiles
 // (more blocks for one long sequence); the k/q products are recomputed per tile. fp32 on CUDA
-// cores throughout (the state is fp32; tensor cores are the next step).
+// cores throughout (the state is fp32; tensor cores are the next step). Two blocks fit an SM
+// (109 KB of shared memory each for dk 128), so 192 blocks of a 27B layer run in one wave;
+// global loads are issued all at once per phase (their latency, not the math, dominated a
+// first version that loaded in a loop).
 #pragma once
 
 #include "backends/cuda/kernels_common.cuh"
@@ -20,25 +23,26 @@ inline constexpr int kChunk = 64;           // tokens per chunk
 inline constexpr int kChunkCols = 32;       // state columns per block
 inline constexpr int kChunkThreads = 256;   // 8 warps
 
-// Shared memory of one block, in floats: K and Q chunks [64][DK+1], A and P [64][65],
-// the state tile [DK][33], X/V' [64][33], and per-token G, e^G, tail decay, beta.
+// Shared memory of one block, in floats: K and Q chunks [64][DK+1] (P [64][65] replaces Q once
+// Q is spent), A [64][65], the state tile [DK][33], X/V' [64][33], and per-token G, e^G, tail
+// decay, beta.
 constexpr size_t chunked_smem_floats(int dk) {
-  return 2 * size_t(kChunk) * (dk + 1) + 2 * size_t(kChunk) * (kChunk + 1) + size_t(dk) * (kChunkCols + 1) +
+  return 2 * size_t(kChunk) * (dk + 1) + size_t(kChunk) * (kChunk + 1) + size_t(dk) * (kChunkCols + 1) +
          size_t(kChunk) * (kChunkCols + 1) + 4 * size_t(kChunk);
 }
 
 // Grid (value_dim / 32, value heads, sequences), 256 threads, chunked_smem_floats(DK) * 4 bytes
 // of dynamic shared memory.
 template <int DK>
-__global__ void __launch_bounds__(kChunkThreads) gated_delta_rule_chunked(GdnDims shape, DeltaRuleArgs args,
+__global__ void __launch_bounds__(kChunkThreads, 2) gated_delta_rule_chunked(GdnDims shape, DeltaRuleArgs args,
                                                                           const GdnSeq* __restrict__ seqs) {
   constexpr int KP = DK + 1, AP = kChunk + 1, SP = kChunkCols + 1;
   extern __shared__ float smem[];
   float* Ks = smem;                    // [64][KP]
   float* Qs = Ks + kChunk * KP;        // [64][KP]
+  float* Ps = Qs;                      // [64][AP]  P (lower incl. diagonal, with decay), after Q
   float* As = Qs + kChunk * KP;        // [64][AP]  A (strictly lower, with beta and decay)
-  float* Ps = As + kChunk * AP;        // [64][AP]  P (lower incl. diagonal, with decay)
-  float* Ss = Ps + kChunk * AP;        // [DK][SP]  state tile
+  float* Ss = As + kChunk * AP;        // [DK][SP]  state tile
   float* Xs = Ss + DK * SP;            // [64][SP]  X, then V' after the solve
   float* Gs = Xs + kChunk * SP;        // [64] cumulative log decay
   float* eG = Gs + kChunk;             // [64] e^{G_r}
@@ -53,26 +57,44 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_rule_chunked(GdnDim
   const int hk = h / (hv / shape.key_heads);
   float* state = seq.ssm_state + static_cast<int64_t>(h) * DK * dv + col0;
 
-  for (int i = tid; i < DK * kChunkCols; i += kChunkThreads) {
-    const int d = i / kChunkCols, c = i % kChunkCols;
-    Ss[d * SP + c] = state[static_cast<int64_t>(d) * dv + c];
+  constexpr int kStateLoads = DK * kChunkCols / kChunkThreads;
+  {
+    float sbuf[kStateLoads];
+#pragma unroll
+    for (int j = 0; j < kStateLoads; ++j) {
+      const int i = tid + j * kChunkThreads;
+      sbuf[j] = state[static_cast<int64_t>(i / kChunkCols) * dv + i % kChunkCols];
+    }
+#pragma unroll
+    for (int j = 0; j < kStateLoads; ++j) {
+      const int i = tid + j * kChunkThreads;
+      Ss[(i / kChunkCols) * SP + i % kChunkCols] = sbuf[j];
+    }
   }
 
   for (int start = 0; start < seq.num_tokens; start += kChunk) {
     const int len = min(kChunk, seq.num_tokens - start);
     const int64_t row0 = seq.row_begin + start;
     __syncthreads();  // the previous chunk is done with Ks, Xs and the decays
-    // Load the chunk (zeros past its end: they then contribute nothing anywhere).
-    for (int i = tid; i < kChunk * DK; i += kChunkThreads) {
-      const int r = i / DK, d = i % DK;
-      float kv = 0.0f, qv = 0.0f;
-      if (r < len) {
-        const int64_t off = (row0 + r) * args.qk_stride + static_cast<int64_t>(hk) * DK + d;
-        kv = args.k[off];
-        qv = args.q[off];
+    // Load the chunk (zeros past its end: they then contribute nothing anywhere), every load
+    // in flight before the first store.
+    // (In four batches, halves of K then of Q, so the buffers fit the register budget.)
+    for (int m = 0; m < 4; ++m) {
+      const float* src = ((m & 2) ? args.q : args.k) + static_cast<int64_t>(hk) * DK;
+      float* dst = (m & 2) ? Qs : Ks;
+      const int first = (m & 1) * (kChunk / 2);
+      constexpr int kLoads = kChunk / 2 * DK / kChunkThreads;
+      float buf[kLoads];
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {
+        const int i = tid + j * kChunkThreads, r = first + i / DK, d = i % DK;
+        buf[j] = r < len ? src[(row0 + r) * args.qk_stride + d] : 0.0f;
       }
-      Ks[r * KP + d] = kv;
-      Qs[r * KP + d] = qv;
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {
+        const int i = tid + j * kChunkThreads;
+        dst[(first + i / DK) * KP + i % DK] = buf[j];
+      }
     }
     if (warp == 0) {  // inclusive scan of g over the 64 tokens, two halves of 32
       const float g_lo = lane < len ? args.g[(row0 + lane) * hv + h] : 0.0f;
@@ -99,7 +121,36 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_rule_chunked(GdnDim
     }
     __syncthreads();
 
-    // A and P: thread owns rows rt + 16i and columns st + 16j (conflict-free K reads).
+    // K S and Q S for this tile: thread owns column c and rows rg + 8i.
+    const int c = tid & 31, rg = tid >> 5;
+    float o[8];
+    {
+      float vbuf[8];  // issued before the products so their latency overlaps them
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = rg + 8 * i;
+        vbuf[i] = r < len ? args.v[(row0 + r) * args.v_stride + static_cast<int64_t>(h) * dv + col0 + c] : 0.0f;
+      }
+      float ks[8] = {}, qs[8] = {};
+#pragma unroll 4
+      for (int d = 0; d < DK; ++d) {
+        const float s = Ss[d * SP + c];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          ks[i] += Ks[(rg + 8 * i) * KP + d] * s;
+          qs[i] += Qs[(rg + 8 * i) * KP + d] * s;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = rg + 8 * i;
+        Xs[r * SP + c] = betas[r] * (vbuf[i] - eG[r] * ks[i]);
+        o[i] = eG[r] * qs[i];
+      }
+    }
+
+    // A and P (after Q S: P is stored over Q): thread owns rows rt + 16i and columns st + 16j
+    // (conflict-free K reads).
     {
       const int rt = tid >> 4, st = tid & 15;
       float kk[4][4] = {}, qk[4][4] = {};
@@ -120,6 +171,7 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_rule_chunked(GdnDim
             qk[i][j] += qr[i] * ks[j];
           }
       }
+      __syncthreads();  // every thread is done reading Q: P may overwrite it
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -131,43 +183,22 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_rule_chunked(GdnDim
         }
     }
 
-    // K S and Q S for this tile: thread owns column c and rows rg + 8i.
-    const int c = tid & 31, rg = tid >> 5;
-    float o[8];
-    {
-      float ks[8] = {}, qs[8] = {};
-#pragma unroll 4
-      for (int d = 0; d < DK; ++d) {
-        const float s = Ss[d * SP + c];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          ks[i] += Ks[(rg + 8 * i) * KP + d] * s;
-          qs[i] += Qs[(rg + 8 * i) * KP + d] * s;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = rg + 8 * i;
-        const float v =
-            r < len ? args.v[(row0 + r) * args.v_stride + static_cast<int64_t>(h) * dv + col0 + c] : 0.0f;
-        Xs[r * SP + c] = betas[r] * (v - eG[r] * ks[i]);
-        o[i] = eG[r] * qs[i];
-      }
-    }
     __syncthreads();
 
-    // Forward substitution V'_r = X_r - sum_{s<r} A_rs V'_s, per column: warp w solves columns
-    // 4w..4w+3, 8 lanes per column splitting the sum over s (mod 8).
-    {
-      const int sc = warp * 4 + (lane >> 3), part = lane & 7;
+    // Forward substitution V'_r = X_r - sum_{s<r} A_rs V'_s: lane l of warp 0 solves column l
+    // in place in Xs (it reads only its own column, so no barrier inside; A reads are
+    // broadcasts, Xs reads conflict-free). Rows past len have X = 0 and A = 0: they stay 0.
+    if (warp == 0) {
       for (int r = 1; r < len; ++r) {
-        float partial = 0.0f;
-        for (int s = part; s < r; s += 8) partial += As[r * AP + s] * Xs[s * SP + sc];
-        partial += __shfl_xor_sync(0xffffffffu, partial, 1);
-        partial += __shfl_xor_sync(0xffffffffu, partial, 2);
-        partial += __shfl_xor_sync(0xffffffffu, partial, 4);
-        if (part == 0) Xs[r * SP + sc] -= partial;
-        __syncwarp();
+        float acc0 = 0.0f, acc1 = 0.0f;
+        int s = 0;
+#pragma unroll 4
+        for (; s + 1 < r; s += 2) {
+          acc0 += As[r * AP + s] * Xs[s * SP + lane];
+          acc1 += As[r * AP + s + 1] * Xs[(s + 1) * SP + lane];
+        }
+        if (s < r) acc0 += As[r * AP + s] * Xs[s * SP + lane];
+        Xs[r * SP + lane] -= acc0 + acc1;
       }
     }
     __syncthreads();
@@ -203,9 +234,10 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_rule_chunked(GdnDim
     }
   }
   __syncthreads();
-  for (int i = tid; i < DK * kChunkCols; i += kChunkThreads) {
-    const int d = i / kChunkCols, cc = i % kChunkCols;
-    state[static_cast<int64_t>(d) * dv + cc] = Ss[d * SP + cc];
+#pragma unroll
+  for (int j = 0; j < kStateLoads; ++j) {
+    const int i = tid + j * kChunkThreads;
+    state[static_cast<int64_t>(i / kChunkCols) * dv + i % kChunkCols] = Ss[(i / kChunkCols) * SP + i % kChunkCols];
   }
 }
 
