@@ -82,10 +82,10 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
   launch_l2norm_heads(conv_out + kw, channels, rows, shape.key_heads, shape.key_dim, 1.0f, 1e-6f, stream_);
   launch_gdn_gates(b, hv, a, hv, rows, hv, weights.A_log, weights.dt_bias, beta, g, stream_);
   const DeltaRuleArgs args{conv_out, conv_out + kw, channels, conv_out + 2 * kw, channels, g, beta, out, vw};
-  // The chunked form for prefill slices of at least a chunk (fewer sequential steps); the
-  // recurrent one for decode, short slices and slices that need per-token states.
-  const bool chunked = form != GdnForm::Recurrent && !any_history && gdn_chunked_supported(dims) &&
-                       (form == GdnForm::Chunked || max_tokens >= 64);
+  // The chunked form only when asked for (GdnForm::Chunked): on the H200 (2026-11-29, 27B
+  // shape, one lane of 8192 tokens) it takes 9.9 ms a layer against 6.2 ms for the recurrent
+  // kernel, whose fp32 CUDA-core products and per-chunk solve are not yet on tensor cores.
+  const bool chunked = form == GdnForm::Chunked && !any_history && gdn_chunked_supported(dims);
   if (chunked)
     launch_gated_delta_rule_chunked(dims, args, seq_dev, n, stream_);
   else
