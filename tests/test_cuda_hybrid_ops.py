@@ -250,6 +250,79 @@ def test_gated_delta_rule_split_calls_equal_one_call(ops, rng):
     check(two, one.astype(np.float64), rng, 1e-6, "split state")
 
 
+@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 128, 64), (1, 2, 64, 32), (16, 48, 128, 128)])
+def test_gated_delta_rule_chunked_equals_recurrent_and_reference(ops, rng, hk, hv, dk, dv):
+    """Chunked (64-token chunks) == recurrent == float64 reference, over lanes of 1, 63, 64, 65
+    and 130 tokens in one call (partial, exact and multi-chunk), each in its own state slot."""
+    lengths = [1, 63, 64, 65, 130] if hv <= 8 else [65, 130]
+    slots = list(range(len(lengths)))
+    seqs, rows = lanes_layout(lengths, slots)
+    q = unit_heads(randn(rng, rows, hk, dk)) * np.float32(dk**-0.5)
+    k = unit_heads(randn(rng, rows, hk, dk))
+    v = randn(rng, rows, hv, dv)
+    g = (-rng.random((rows, hv)) * 0.5).astype(np.float32)
+    beta = rng.random((rows, hv)).astype(np.float32)
+    before = randn(rng, len(lengths), hv, dk, dv, scale=0.5)
+    chunked_states, chunked_out = before.copy(), poisoned(rows, hv, dv)
+    ops.gated_delta_rule(q, k, v, g, beta, seqs, chunked_states, chunked_out, chunked=True)
+    rec_states, rec_out = before.copy(), poisoned(rows, hv, dv)
+    ops.gated_delta_rule(q, k, v, g, beta, seqs, rec_states, rec_out)
+    for begin, n, slot in seqs:
+        sl = slice(begin, begin + n)
+        ref_out, ref_state, _ = delta_rule_reference(
+            q[sl], k[sl], v[sl], g[sl], beta[sl], before[slot]
+        )
+        check(chunked_out[sl], ref_out, rng, 5e-5, f"chunked out, {n} tokens")
+        check(chunked_states[slot], ref_state, rng, 5e-5, f"chunked state, {n} tokens")
+        check(
+            chunked_out[sl], rec_out[sl].astype(np.float64), rng, 5e-5, f"chunked vs recurrent, {n}"
+        )
+        check(chunked_states[slot], rec_states[slot].astype(np.float64), rng, 5e-5, f"states, {n}")
+
+
+def test_gated_delta_rule_chunked_split_calls_carry_state(ops, rng):
+    """The state carried across chunked calls of 1, 63, 64 and 65 tokens equals one call."""
+    hk, hv, dk, dv = 2, 4, 128, 64
+    parts = [1, 63, 64, 65]
+    n = sum(parts)
+    q = unit_heads(randn(rng, n, hk, dk)) * np.float32(dk**-0.5)
+    k = unit_heads(randn(rng, n, hk, dk))
+    v, g = randn(rng, n, hv, dv), (-rng.random((n, hv))).astype(np.float32)
+    beta = rng.random((n, hv)).astype(np.float32)
+    state0 = randn(rng, 1, hv, dk, dv, scale=0.5)
+    ref_out, ref_state, _ = delta_rule_reference(q, k, v, g, beta, state0[0])
+    state, outs, a = state0.copy(), [], 0
+    for m in parts:
+        part = poisoned(m, hv, dv)
+        sl = slice(a, a + m)
+        ops.gated_delta_rule(
+            q[sl], k[sl], v[sl], g[sl], beta[sl], [(0, m, 0)], state, part, chunked=True
+        )
+        outs.append(part)
+        a += m
+    check(np.concatenate(outs), ref_out, rng, 5e-5, "split chunked outputs")
+    check(state[0], ref_state, rng, 5e-5, "split chunked state")
+
+
+def test_gated_delta_rule_chunked_rejects_history(ops, rng):
+    q = np.zeros((2, 1, 64), np.float32)
+    v = np.zeros((2, 1, 32), np.float32)
+    gb = np.zeros((2, 1), np.float32)
+    with pytest.raises(ValueError, match="history"):
+        ops.gated_delta_rule(
+            q,
+            q,
+            v,
+            gb,
+            gb,
+            [(0, 2, 0)],
+            np.zeros((1, 1, 64, 32), np.float32),
+            np.zeros((2, 1, 32), np.float32),
+            np.zeros((2, 1, 64, 32), np.float32),
+            chunked=True,
+        )
+
+
 # --- MoE ---------------------------------------------------------------------------------------
 
 

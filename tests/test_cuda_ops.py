@@ -212,3 +212,20 @@ def test_attention_rejects_bad_slices(ops):
         ops.paged_attention(q2[..., :48].copy(), [k[..., :48].copy() for k in k2],
                             [v[..., :48].copy() for v in v2], s2, 64, 0.1, poisoned((3, 2, 48)),
                             "auto", 0)
+
+
+@pytest.mark.parametrize("cols", [1000, 5120])
+def test_add_rms_norm_equals_add_then_rms_norm(ops, cols):
+    rng = rng_for(31, cols)
+    h = rng.standard_normal((5, cols), dtype=np.float32) * 2
+    branch = rng.standard_normal((5, cols), dtype=np.float32)
+    w = rng.standard_normal(cols, dtype=np.float32)
+    fused_h, fused_out = h.copy(), poisoned(h.shape)
+    ops.add_rms_norm(fused_h, branch, w, 1e-6, fused_out)
+    np.testing.assert_array_equal(fused_h, h + branch)
+    plain_out = poisoned(h.shape)
+    ops.rms_norm(h + branch, w, 1e-6, plain_out)
+    np.testing.assert_array_equal(fused_out, plain_out)  # same operations in the same order
+    s64 = h.astype(np.float64) + branch
+    ref = s64 / np.sqrt((s64**2).mean(axis=1, keepdims=True) + 1e-6) * w
+    assert rel_err(fused_out, ref) < 1e-5

@@ -186,6 +186,13 @@ class Backend {
   virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
   // y += x over n elements.
   virtual void add(float* y, const float* x, int64_t n) = 0;
+  // The residual add followed by the next RMSNorm: y += x, then normed = rms_norm(y) over rows
+  // of cols (one launch on backends that fuse it; same results as the two ops).
+  virtual void add_rms_norm(float* y, const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
+                            float* normed) {
+    add(y, x, rows * cols);
+    rms_norm(y, rows, cols, weight, eps, normed);
+  }
   // dst[i, :] = src[rows[i], :] for `cols`-wide rows; `rows` is host memory.
   virtual void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows,
                            float* dst) = 0;

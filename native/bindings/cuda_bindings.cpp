@@ -146,6 +146,14 @@ class CudaOps {
     od.download();
   }
 
+  void add_rms_norm(py::array h, py::array branch, py::array weight, float eps, py::array out) {
+    Mirror hd(backend_, h, "h"), bd(backend_, branch, "branch"), wd(backend_, weight, "weight"),
+        od(backend_, out, "out");
+    backend_.add_rms_norm(hd.device(), bd.device(), h.shape(0), h.shape(1), wd.device(), eps, od.device());
+    hd.download();
+    od.download();
+  }
+
   void rope(py::array x, py::array positions, py::array inv_freq, float factor) {
     if (x.ndim() != 3) throw py::value_error("x must be [tokens, heads, head_dim]");
     Mirror xd(backend_, x, "x");
@@ -231,6 +239,8 @@ void bind_cuda(py::module_& m) {
       .def("random_weight", &CudaOps::random_weight, py::arg("rows"), py::arg("cols"), py::arg("seed"),
            py::arg("scale"))
       .def("rms_norm", &CudaOps::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("out"))
+      .def("add_rms_norm", &CudaOps::add_rms_norm, py::arg("h"), py::arg("branch"), py::arg("weight"), py::arg("eps"),
+           py::arg("out"))
       .def("rope", &CudaOps::rope, py::arg("x"), py::arg("positions"), py::arg("inv_freq"),
            py::arg("attention_factor") = 1.0f)
       .def("swiglu", &CudaOps::swiglu, py::arg("gate"), py::arg("up"), py::arg("out"))

@@ -135,8 +135,9 @@ class CudaHybridOps {
   // q, k [rows, Hk, dk]; v, out [rows, Hv, dv]; g, beta [rows, Hv]; states [slots, Hv, dk, dv];
   // history (optional): [rows, Hv, dk, dv], the state after each row of each sequence.
   void gated_delta_rule(py::array q, py::array k, py::array v, py::array g, py::array beta, const SeqList& seqs,
-                        py::array states, py::array out, std::optional<py::array> history) {
+                        py::array states, py::array out, std::optional<py::array> history, bool chunked) {
     if (q.ndim() != 3 || v.ndim() != 3 || states.ndim() != 4) throw py::value_error("bad ranks");
+    if (chunked && history) throw py::value_error("the chunked form keeps no per-token history");
     const GdnDims shape{static_cast<int32_t>(q.shape(1)), static_cast<int32_t>(v.shape(1)),
                          static_cast<int32_t>(q.shape(2)), static_cast<int32_t>(v.shape(2))};
     F32 qd(q, "q", stream_), kd(k, "k", stream_), vd(v, "v", stream_), gd(g, "g", stream_), bd(beta, "beta", stream_),
@@ -149,7 +150,10 @@ class CudaHybridOps {
     (void)max_tokens;
     cuda::DeltaRuleArgs args{qd.get(), kd.get(), q.shape(1) * q.shape(2), vd.get(), v.shape(1) * v.shape(2),
                              gd.get(), bd.get(), od.get(), v.shape(1) * v.shape(2)};
-    cuda::launch_gated_delta_rule_recurrent(shape, args, sq->seqs(), static_cast<int>(seqs.size()), stream_);
+    if (chunked)
+      cuda::launch_gated_delta_rule_chunked(shape, args, sq->seqs(), static_cast<int>(seqs.size()), stream_);
+    else
+      cuda::launch_gated_delta_rule_recurrent(shape, args, sq->seqs(), static_cast<int>(seqs.size()), stream_);
     od.download();
     sd.download();
     if (hd) hd->download();
@@ -260,6 +264,11 @@ class CudaHybridOps {
                                out.f(), vw};
       cuda::launch_gated_delta_rule_recurrent(shape, args, sq, lanes, stream_);
     };
+    auto rule_chunked = [&] {
+      cuda::DeltaRuleArgs args{conv_out.f(), conv_out.f() + kw, channels, conv_out.f() + 2 * kw, channels, g, beta,
+                               out.f(), vw};
+      cuda::launch_gated_delta_rule_chunked(shape, args, sq, lanes, stream_);
+    };
     auto gnorm = [&] {
       cuda::launch_gated_rmsnorm(out.f(), z.f(), rows * value_heads, value_dim, norm_w, 1e-6f, out.f(), stream_);
     };
@@ -267,7 +276,10 @@ class CudaHybridOps {
       conv();
       norm();
       gate();
-      rule();
+      if (tokens > 1 && cuda::gdn_chunked_supported(shape))
+        rule_chunked();  // as the model runs prefill
+      else
+        rule();
       gnorm();
     };
     std::map<std::string, double> result;
@@ -275,6 +287,7 @@ class CudaHybridOps {
     result["l2norm"] = median_ms(norm, reps);
     result["gates"] = median_ms(gate, reps);
     result["delta_rule"] = median_ms(rule, reps);
+    if (cuda::gdn_chunked_supported(shape)) result["delta_rule_chunked"] = median_ms(rule_chunked, reps);
     result["gated_norm"] = median_ms(gnorm, reps);
     result["total"] = median_ms(all, reps);
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -341,7 +354,7 @@ void bind_cuda_hybrid(py::module_& m) {
            py::arg("beta"), py::arg("g"))
       .def("gated_delta_rule", &CudaHybridOps::gated_delta_rule, py::arg("q"), py::arg("k"), py::arg("v"),
            py::arg("g"), py::arg("beta"), py::arg("seqs"), py::arg("states"), py::arg("out"),
-           py::arg("history") = std::nullopt)
+           py::arg("history") = std::nullopt, py::arg("chunked") = false)
       .def("gated_rmsnorm", &CudaHybridOps::gated_rmsnorm, py::arg("x"), py::arg("z"), py::arg("weight"),
            py::arg("eps"), py::arg("out"))
       .def("rmsnorm_zero_centered", &CudaHybridOps::rmsnorm_zero_centered, py::arg("x"), py::arg("weight"),

@@ -124,7 +124,10 @@ class Qwen35Model final : public Model, public MtpHead {
   void attention_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out);
   void gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out);
   void mlp(const Layer& L, int64_t t, float* out);
-  void decoder_layer(const Layer& L, int64_t t, const StepLayout& step);
+  // input_normed: normed_ already holds L's input norm (fused into the previous layer's residual
+  // add); next: the following layer, whose input norm is fused into this layer's last add.
+  void decoder_layer(const Layer& L, int64_t t, const StepLayout& step, bool input_normed = false,
+                     const Layer* next = nullptr);
 
   Qwen35Config cfg_;
   ModelInfo info_;
@@ -467,19 +470,22 @@ void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
   if (cfg_.moe) b.add_sigmoid_gated(out, shared_out_.data(), shared_gate_.data(), t, h);
 }
 
-void Qwen35Model::decoder_layer(const Layer& L, int64_t t, const StepLayout& step) {
+void Qwen35Model::decoder_layer(const Layer& L, int64_t t, const StepLayout& step, bool input_normed,
+                                const Layer* next) {
   Backend& b = *backend_;
   const int64_t h = cfg_.hidden;
-  b.rms_norm(hidden_.data(), t, h, L.input_norm.data(), cfg_.eps, normed_.data());
+  if (!input_normed) b.rms_norm(hidden_.data(), t, h, L.input_norm.data(), cfg_.eps, normed_.data());
   if (L.full_attention) {
     attention_mixer(L, t, step, branch_.data());
   } else {
     gdn_mixer(L, t, step, branch_.data());
   }
-  b.add(hidden_.data(), branch_.data(), t * h);
-  b.rms_norm(hidden_.data(), t, h, L.post_norm.data(), cfg_.eps, normed_.data());
+  b.add_rms_norm(hidden_.data(), branch_.data(), t, h, L.post_norm.data(), cfg_.eps, normed_.data());
   mlp(L, t, branch_.data());
-  b.add(hidden_.data(), branch_.data(), t * h);
+  if (next)
+    b.add_rms_norm(hidden_.data(), branch_.data(), t, h, next->input_norm.data(), cfg_.eps, normed_.data());
+  else
+    b.add(hidden_.data(), branch_.data(), t * h);
 }
 
 void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
@@ -497,7 +503,8 @@ void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
   Backend& b = *backend_;
   const int64_t h = cfg_.hidden;
   b.embedding(embed_, plan.tokens, hidden_.data());
-  for (const Layer& L : layers_) decoder_layer(L, t, step);
+  for (size_t i = 0; i < layers_.size(); ++i)
+    decoder_layer(layers_[i], t, step, i > 0, i + 1 < layers_.size() ? &layers_[i + 1] : nullptr);
 
   const auto rows = static_cast<int64_t>(logit_rows.size());
   if (rows > 0) {

@@ -344,6 +344,16 @@ void CudaBackend::add(float* y, const float* x, int64_t n) {
   launch_add(y, x, n, stream_);
 }
 
+void CudaBackend::add_rms_norm(float* y, const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
+                               float* normed) {
+  if (normed == y || normed == x) {  // the fused kernel reads y and x while writing normed
+    Backend::add_rms_norm(y, x, rows, cols, weight, eps, normed);
+    return;
+  }
+  activate();
+  launch_add_rms_norm(y, x, rows, cols, weight, eps, normed, stream_);
+}
+
 void CudaBackend::gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) {
   for (const int32_t r : rows)
     if (r < 0) throw std::out_of_range("gather_rows: negative row index");

@@ -94,6 +94,8 @@ class CudaBackend final : public Backend {
                  const AttentionShape& shape, float* out) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void add(float* y, const float* x, int64_t n) override;
+  void add_rms_norm(float* y, const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
+                    float* normed) override;
   void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) override;
 
   // Hybrid models (cuda_backend_hybrid.cpp). gdn_mixer runs the recurrent delta-rule kernel for

@@ -40,14 +40,8 @@ __global__ void embedding(const uint16_t* __restrict__ table, int64_t cols, cons
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = bf16_bits_to_float(src[c]);
 }
 
-// One block per row; the block reduces the sum of squares through shared memory.
-__global__ void rms_norm(const float* x, int64_t cols, const float* __restrict__ weight, float eps,
-                         float* y) {
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
-  float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
-  float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c] * xr[c];
-  __shared__ float partial[32];
+// The sum of `sum` over the block (every thread gets it); partial is 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float sum, float* partial) {
   sum = warp_sum(sum);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
   __syncthreads();
@@ -57,7 +51,37 @@ __global__ void rms_norm(const float* x, int64_t cols, const float* __restrict__
     if (threadIdx.x == 0) partial[0] = v;
   }
   __syncthreads();
-  const float inv = rsqrtf(partial[0] / static_cast<float>(cols) + eps);
+  return partial[0];
+}
+
+// One block per row: h += branch, then y = rms_norm(h) (the residual add and the next layer's
+// norm in one pass; each thread re-reads only the elements it wrote, so no barrier between).
+// Same float operations in the same order as add then rms_norm with the same block size.
+__global__ void add_rms_norm(float* h, const float* __restrict__ branch, int64_t cols,
+                             const float* __restrict__ weight, float eps, float* __restrict__ y) {
+  float* hr = h + static_cast<int64_t>(blockIdx.x) * cols;
+  const float* br = branch + static_cast<int64_t>(blockIdx.x) * cols;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = hr[c] + br[c];
+    hr[c] = v;
+    sum += v * v;
+  }
+  __shared__ float partial[32];
+  const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = hr[c] * inv * weight[c];
+}
+
+// One block per row; the block reduces the sum of squares through shared memory.
+__global__ void rms_norm(const float* x, int64_t cols, const float* __restrict__ weight, float eps,
+                         float* y) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c] * xr[c];
+  __shared__ float partial[32];
+  const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * weight[c];
 }
 

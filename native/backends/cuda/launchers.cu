@@ -97,6 +97,14 @@ void launch_rms_norm(const float* x, int64_t rows, int64_t cols, const float* we
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
+void launch_add_rms_norm(float* h, const float* branch, int64_t rows, int64_t cols, const float* weight, float eps,
+                         float* y, cudaStream_t stream) {
+  if (rows <= 0) return;
+  kernels::add_rms_norm<<<static_cast<unsigned int>(rows), row_threads(cols), 0, stream>>>(h, branch, cols, weight,
+                                                                                          eps, y);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
 void launch_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rotary_dim,
                  const int32_t* positions, const float* inv_freq, float attention_factor, cudaStream_t stream) {
   if (tokens <= 0 || rotary_dim <= 0) return;

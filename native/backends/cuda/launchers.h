@@ -42,6 +42,9 @@ void launch_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int6
                  const int32_t* positions, const float* inv_freq, float attention_factor, cudaStream_t stream);
 void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
+// h += branch, then y = rms_norm(h) per row of cols ([rows, cols] each; y must not alias h).
+void launch_add_rms_norm(float* h, const float* branch, int64_t rows, int64_t cols, const float* weight, float eps,
+                         float* y, cudaStream_t stream);
 void launch_gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, float* dst,
                         cudaStream_t stream);
 

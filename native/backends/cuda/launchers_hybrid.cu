@@ -5,6 +5,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_gdn.cuh"
+#include "backends/cuda/kernels_gdn_chunked.cuh"
 #include "backends/cuda/kernels_hybrid.cuh"
 #include "backends/cuda/launchers_hybrid.h"
 
@@ -89,6 +90,43 @@ void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs
     default: kernels::gated_delta_rule_recurrent<16><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
   }
   NINFER_CUDA_CHECK_LAUNCH();
+}
+
+bool gdn_chunked_supported(const GdnDims& s) {
+  return gdn_shape_supported(s) && (s.key_dim == 64 || s.key_dim == 128) && s.value_dim % kernels::kChunkCols == 0;
+}
+
+namespace {
+
+template <int DK>
+void chunked_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
+                 cudaStream_t stream) {
+  constexpr size_t kSmem = kernels::chunked_smem_floats(DK) * sizeof(float);
+  static const bool configured = [] {  // > 48 KiB of dynamic shared memory needs opting in
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::gated_delta_rule_chunked<DK>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned int>(shape.value_dim / kernels::kChunkCols),
+                  static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(num_seqs));
+  kernels::gated_delta_rule_chunked<DK><<<grid, kernels::kChunkThreads, kSmem, stream>>>(shape, args, seqs);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs,
+                                     int num_seqs, cudaStream_t stream) {
+  if (num_seqs <= 0) return;
+  if (!gdn_chunked_supported(shape))
+    throw std::invalid_argument("chunked gated delta rule (CUDA): key_dim " + std::to_string(shape.key_dim) +
+                                " / value_dim " + std::to_string(shape.value_dim) +
+                                " not supported (key_dim 64/128, value_dim % 32)");
+  if (shape.key_dim == 64)
+    chunked_for<64>(shape, args, seqs, num_seqs, stream);
+  else
+    chunked_for<128>(shape, args, seqs, num_seqs, stream);
 }
 
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,

@@ -70,6 +70,13 @@ struct DeltaRuleArgs {
 void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs,
                                        int num_seqs, cudaStream_t stream);
 
+// The chunked form (chunks of 64 tokens, spec §3.1) of the same rule, for prefill: same results
+// up to fp32 rounding, far fewer sequential steps for long sequences. Ignores ssm_history (use
+// the recurrent form for slices that need per-token states). Shapes: gdn_chunked_supported.
+bool gdn_chunked_supported(const GdnDims& shape);
+void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs,
+                                     int num_seqs, cudaStream_t stream);
+
 // out = w * (x * rsqrt(mean(x^2) + eps)) * silu(z) per row of dim floats (out may be x).
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
                           float* out, cudaStream_t stream);
