@@ -114,11 +114,6 @@ def test_tools_without_system_prompt_and_empty_tools():
 @pytest.mark.parametrize(
     "messages,error",
     [
-        (
-            [{"role": "user", "content": "a"}, {"role": "system", "content": "late"}],
-            "System message must be at the beginning",
-        ),
-        ([{"role": "developer", "content": "x"}, {"role": "user", "content": "a"}], "role"),
         ([{"role": "system", "content": "only"}], "No user query"),
         ([], "No messages"),
     ],
@@ -329,3 +324,20 @@ def test_system_message_cannot_hold_media():
     system = {"role": "system", "content": [{"type": "image", "image": "a.png"}]}
     with pytest.raises(jinja2.TemplateError, match="System message cannot contain images"):
         render([system, {"role": "user", "content": "hi"}])
+
+
+def test_later_system_and_developer_messages_keep_their_position():
+    out = render(
+        [
+            {"role": "developer", "content": " first "},
+            {"role": "user", "content": "a"},
+            {"role": "system", "content": "late"},
+            {"role": "developer", "content": "later"},
+            {"role": "user", "content": "b"},
+        ]
+    )
+    assert out.startswith("<|im_start|>system\nfirst<|im_end|>\n<|im_start|>user\na<|im_end|>\n")
+    assert (
+        "<|im_start|>user\na<|im_end|>\n<|im_start|>system\nlate<|im_end|>\n"
+        "<|im_start|>system\nlater<|im_end|>\n<|im_start|>user\nb<|im_end|>\n"
+    ) in out
