@@ -158,7 +158,7 @@ def test_two_ctrl_c_stop_the_server_and_end_a_running_stream(server_process):
     assert server.wait_exit(10) == 0
     reader.join(10)
     log = server.log()
-    assert "server stopped" in log.splitlines()[-1]
+    assert "server stopped" in log.splitlines()[-1], log
     last = json.loads(stream_lines[-1][6:])
     assert last["error"]["code"] == "service_unavailable"
     assert "data: [DONE]" not in stream_lines

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ninfer.default_model import ModelSourceError, resolve_model
 from ninfer.engine_types import EngineConfig
@@ -50,7 +51,19 @@ def _main(args: argparse.Namespace) -> int:
     except (ModelSetupError, ModelSourceError, OSError) as exc:
         log.error("%s", exc)
         return 1
-    return 0 if reached_ready else _startup_interrupted()
+    if not reached_ready:
+        return _startup_interrupted()
+    _exit_without_teardown(0)
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    # The engine is closed and "server stopped" is logged; what remains is interpreter
+    # finalization, during which Granian's Rust threads can still be unwinding connections
+    # and panic into stderr. Nothing is left to clean up, so leave at once.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def check_address(host: str, port: int) -> None:
