@@ -34,8 +34,12 @@ bool spin_until(const Ready& ready) {
   }
 }
 
+// A ticket whose item is kClosed names a job still being set up: nothing can be claimed.
+constexpr uint64_t kClosed = 0xffffffffu;
+
 constexpr uint64_t job_of(uint64_t ticket) { return ticket >> 32; }
 constexpr int64_t item_of(uint64_t ticket) { return static_cast<int64_t>(ticket & 0xffffffffu); }
+constexpr bool is_open(uint64_t ticket) { return (ticket & 0xffffffffu) != kClosed; }
 
 }  // namespace
 
@@ -56,8 +60,9 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::run_items(uint64_t job) {
-  // Read after seeing `job` published. Should the job already be over, these may belong to a
-  // later one, but then every claim below fails because the ticket names that later job.
+  // Read after seeing `job` open. Should the job already be over, these may belong to a later
+  // one, but the caller closed the ticket under that later job's number before writing them,
+  // so every claim below fails.
   const std::function<void(int64_t)>* fn = job_fn_.load(std::memory_order_acquire);
   const int64_t n = job_items_.load(std::memory_order_acquire);
   const bool was_inside = t_inside_job;
@@ -90,15 +95,18 @@ void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
     const auto published = [&] {
-      return stopping_.load(std::memory_order_acquire) ||
-             job_of(ticket_.load(std::memory_order_acquire)) != seen;
+      if (stopping_.load(std::memory_order_acquire)) return true;
+      const uint64_t ticket = ticket_.load(std::memory_order_acquire);
+      return job_of(ticket) != seen && is_open(ticket);
     };
     if (!spin_until(published)) {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, published);
     }
     if (stopping_.load(std::memory_order_acquire)) return;
-    seen = job_of(ticket_.load(std::memory_order_acquire));
+    const uint64_t ticket = ticket_.load(std::memory_order_acquire);
+    if (!is_open(ticket)) continue;  // the next job is being set up: wait for it to open
+    seen = job_of(ticket);
     run_items(seen);
   }
 }
@@ -112,13 +120,16 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
   if (n > kMaxItems) throw std::invalid_argument("ThreadPool::parallel_for: too many items");
   std::lock_guard caller(call_mutex_);  // one job at a time when several threads share the pool
   // The job is over once all its items are done, whichever threads ran them: a worker that
-  // was descheduled and never joined does not hold the caller up.
+  // was descheduled and never joined does not hold the caller up. The ticket is closed under
+  // the new number first, so a late worker of the previous job that reads the new fields can
+  // no longer claim anything with them.
+  const uint64_t job = job_of(ticket_.load(std::memory_order_relaxed)) + 1;
+  ticket_.store(job << 32 | kClosed, std::memory_order_seq_cst);
   job_fn_.store(&fn, std::memory_order_release);
   job_items_.store(n, std::memory_order_release);
   done_items_.store(0, std::memory_order_relaxed);
   failed_.store(false, std::memory_order_relaxed);
   error_ = nullptr;
-  const uint64_t job = job_of(ticket_.load(std::memory_order_relaxed)) + 1;
   {
     std::lock_guard lock(mutex_);
     ticket_.store(job << 32, std::memory_order_release);
