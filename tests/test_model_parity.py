@@ -142,7 +142,7 @@ def test_full_sequence_logits_match_transformers(case):
 
 def _kernel_sets() -> list[str]:
     names = []
-    for name in ("scalar", "avx2", "avxvnni"):
+    for name in ("scalar", "avx2", "avxvnni", "avx512vnni"):
         try:
             _core.set_cpu_kernels(name)
             names.append(name)

@@ -17,7 +17,7 @@ from ninfer.artifact import bf16_bits_to_f32, dequantize_q8_0, f32_to_bf16_bits,
 
 def _available_kernels() -> list[str]:
     names = ["scalar"]
-    for name in ("avx2", "avxvnni"):
+    for name in ("avx2", "avxvnni", "avx512vnni"):
         try:
             _core.set_cpu_kernels(name)
             names.append(name)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 namespace ninfer {
 
@@ -10,6 +11,7 @@ namespace {
 thread_local bool t_inside_job = false;
 
 constexpr auto kSpin = std::chrono::microseconds(40);
+constexpr int64_t kMaxItems = 0x7fffffff;  // the item index lives in the ticket's low 32 bits
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -32,6 +34,13 @@ bool spin_until(const Ready& ready) {
   }
 }
 
+// A ticket whose item is kClosed names a job still being set up: nothing can be claimed.
+constexpr uint64_t kClosed = 0xffffffffu;
+
+constexpr uint64_t job_of(uint64_t ticket) { return ticket >> 32; }
+constexpr int64_t item_of(uint64_t ticket) { return static_cast<int64_t>(ticket & 0xffffffffu); }
+constexpr bool is_open(uint64_t ticket) { return (ticket & 0xffffffffu) != kClosed; }
+
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
@@ -50,19 +59,34 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_items() {
+void ThreadPool::run_items(uint64_t job) {
+  // Read after seeing `job` open. Should the job already be over, these may belong to a later
+  // one, but the caller closed the ticket under that later job's number before writing them,
+  // so every claim below fails.
+  const std::function<void(int64_t)>* fn = job_fn_.load(std::memory_order_acquire);
+  const int64_t n = job_items_.load(std::memory_order_acquire);
   const bool was_inside = t_inside_job;
   t_inside_job = true;
-  for (;;) {
-    const int64_t i = next_item_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= job_items_) break;
-    try {
-      (*job_)(i);
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      if (!error_) error_ = std::current_exception();
-      next_item_.store(job_items_, std::memory_order_relaxed);  // skip what is left
+  uint64_t ticket = ticket_.load(std::memory_order_acquire);
+  while (job_of(ticket) == job && item_of(ticket) < n) {
+    if (!ticket_.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire))
+      continue;  // another thread took this item (or a new job began): `ticket` is refreshed
+    const int64_t i = item_of(ticket);
+    if (!failed_.load(std::memory_order_relaxed)) {  // after a failure the rest is skipped
+      try {
+        (*fn)(i);
+      } catch (...) {
+        std::lock_guard lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+        failed_.store(true, std::memory_order_relaxed);
+      }
     }
+    if (done_items_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      std::lock_guard lock(mutex_);  // pairs with the caller's predicate check under mutex_
+      done_.notify_one();
+    }
+    ticket = ticket_.load(std::memory_order_acquire);
   }
   t_inside_job = was_inside;
 }
@@ -71,19 +95,19 @@ void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
     const auto published = [&] {
-      return stopping_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+      if (stopping_.load(std::memory_order_acquire)) return true;
+      const uint64_t ticket = ticket_.load(std::memory_order_acquire);
+      return job_of(ticket) != seen && is_open(ticket);
     };
     if (!spin_until(published)) {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, published);
     }
     if (stopping_.load(std::memory_order_acquire)) return;
-    seen = generation_.load(std::memory_order_acquire);
-    run_items();
-    if (busy_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard lock(mutex_);  // pairs with the caller's predicate check under mutex_
-      done_.notify_one();
-    }
+    const uint64_t ticket = ticket_.load(std::memory_order_acquire);
+    if (!is_open(ticket)) continue;  // the next job is being set up: wait for it to open
+    seen = job_of(ticket);
+    run_items(seen);
   }
 }
 
@@ -93,19 +117,26 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  if (n > kMaxItems) throw std::invalid_argument("ThreadPool::parallel_for: too many items");
   std::lock_guard caller(call_mutex_);  // one job at a time when several threads share the pool
-  job_ = &fn;
-  job_items_ = n;
-  next_item_.store(0, std::memory_order_relaxed);
+  // The job is over once all its items are done, whichever threads ran them: a worker that
+  // was descheduled and never joined does not hold the caller up. The ticket is closed under
+  // the new number first, so a late worker of the previous job that reads the new fields can
+  // no longer claim anything with them.
+  const uint64_t job = job_of(ticket_.load(std::memory_order_relaxed)) + 1;
+  ticket_.store(job << 32 | kClosed, std::memory_order_seq_cst);
+  job_fn_.store(&fn, std::memory_order_release);
+  job_items_.store(n, std::memory_order_release);
+  done_items_.store(0, std::memory_order_relaxed);
+  failed_.store(false, std::memory_order_relaxed);
   error_ = nullptr;
-  busy_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
     std::lock_guard lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_release);
+    ticket_.store(job << 32, std::memory_order_release);
   }
   wake_.notify_all();
-  run_items();
-  const auto finished = [&] { return busy_workers_.load(std::memory_order_acquire) == 0; };
+  run_items(job);
+  const auto finished = [&] { return done_items_.load(std::memory_order_acquire) == n; };
   if (!spin_until(finished)) {
     std::unique_lock lock(mutex_);
     done_.wait(lock, finished);
@@ -113,7 +144,6 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
   std::exception_ptr error;
   {
     std::lock_guard lock(mutex_);
-    job_ = nullptr;
     error = error_;
   }
   if (error) std::rethrow_exception(error);

@@ -6,6 +6,8 @@
 // a parallel_for issued from inside a job runs inline on the calling worker.
 // Decode issues a few hundred short jobs per token, so idle workers and the waiting caller
 // spin briefly before sleeping: a futex wake-up per job would cost more than the job.
+// A job ends when its items are done, not when every worker has checked in: on a loaded
+// machine a descheduled worker would otherwise stall each job for a scheduler time slice.
 #pragma once
 
 #include <atomic>
@@ -39,21 +41,23 @@ class ThreadPool {
 
  private:
   void worker_loop();
-  void run_items();
+  void run_items(uint64_t job);
 
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  std::atomic<uint64_t> generation_{0};  // bumped (under mutex_) to publish each job
   std::atomic<bool> stopping_{false};
-  std::atomic<int> busy_workers_{0};     // workers still inside the current job
 
-  const std::function<void(int64_t)>* job_ = nullptr;
-  int64_t job_items_ = 0;
-  std::atomic<int64_t> next_item_{0};
-  std::exception_ptr error_;      // first failure of the current job, under mutex_
+  // The current job: its number in the high 32 bits and the next unclaimed item in the low
+  // 32, so a claim (compare-exchange) can never take an item of a job other than the one read.
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<const std::function<void(int64_t)>*> job_fn_{nullptr};
+  std::atomic<int64_t> job_items_{0};
+  std::atomic<int64_t> done_items_{0};  // items of the current job that have finished
+  std::atomic<bool> failed_{false};     // an item threw: the rest are skipped
+  std::exception_ptr error_;            // first failure of the current job, under mutex_
 };
 
 }  // namespace ninfer

@@ -46,10 +46,14 @@ extern const CpuKernels kScalarKernels;
 extern const CpuKernels kAvx2Kernels;
 CpuKernels avxvnni_kernels();  // kAvx2Kernels with the AVX-VNNI int8 matmul
 #endif
+#if NINFER_HAVE_AVX512_KERNELS
+CpuKernels avx512vnni_kernels();  // avxvnni_kernels() with a 512-bit VNNI int8 matmul
+#endif
 
-// The active table. Initially the best the CPU supports (AVX-VNNI, else AVX2, else scalar)
-// unless NINFER_CPU_KERNELS names one; `select_cpu_kernels` switches it ("auto", "scalar",
-// "avx2" or "avxvnni"; throws for a name this build or CPU cannot run).
+// The active table. Initially the best the CPU supports (AVX-VNNI, else AVX2, else scalar;
+// AVX-512 VNNI only when named) unless NINFER_CPU_KERNELS names one; `select_cpu_kernels` switches it
+// ("auto", "scalar", "avx2", "avxvnni" or "avx512vnni"; throws for a name this build or CPU
+// cannot run).
 const CpuKernels& cpu_kernels();
 void select_cpu_kernels(std::string_view name);
 

@@ -27,6 +27,16 @@ bool cpu_has_avxvnni() {
 #endif
 }
 
+bool cpu_has_avx512vnni() {
+#if NINFER_HAVE_AVX512_KERNELS
+  return cpu_has_avxvnni() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 // Looks up a table by name; null when this build or CPU cannot run it.
 const CpuKernels* kernels_named(std::string_view name) {
   if (name == "scalar") return &kScalarKernels;
@@ -37,10 +47,18 @@ const CpuKernels* kernels_named(std::string_view name) {
     return &vnni;
   }
 #endif
+#if NINFER_HAVE_AVX512_KERNELS
+  if (name == "avx512vnni" && cpu_has_avx512vnni()) {
+    static const CpuKernels vnni512 = avx512vnni_kernels();
+    return &vnni512;
+  }
+#endif
   return nullptr;
 }
 
 const CpuKernels* best_kernels() {
+  // avx512vnni is opt-in for now: it sums block products in another order, which flips a
+  // greedy token of the embedded model in the end-to-end answer test.
   for (const char* name : {"avxvnni", "avx2"})
     if (const CpuKernels* k = kernels_named(name)) return k;
   return &kScalarKernels;
@@ -66,9 +84,9 @@ void select_cpu_kernels(std::string_view name) {
     g_active = best_kernels();
     return;
   }
-  if (name != "scalar" && name != "avx2" && name != "avxvnni")
+  if (name != "scalar" && name != "avx2" && name != "avxvnni" && name != "avx512vnni")
     throw std::invalid_argument("unknown CPU kernel set '" + std::string(name) +
-                                "' (expected auto, scalar, avx2 or avxvnni)");
+                                "' (expected auto, scalar, avx2, avxvnni or avx512vnni)");
   const CpuKernels* k = kernels_named(name);
   if (!k) throw std::runtime_error("CPU kernel set '" + std::string(name) + "' is not supported by this CPU or build");
   g_active = k;
