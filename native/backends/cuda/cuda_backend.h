@@ -9,6 +9,9 @@
 // attention plan, ...) is uploaded only when its bytes differ from the previous upload, so
 // the per-layer calls of one step upload it once.
 //
+// Decode steps (Backend::run_step with graphable set) replay a CUDA graph captured once per
+// step signature (cuda_step_graphs.cpp); prefill steps and anything uncapturable run eagerly.
+//
 // Matmul: bf16 weights, cuBLAS (resolved at run time) for larger m, a hand GEMV for m <= 16;
 // in auto mode the first call of each small shape times both and keeps the faster.
 #pragma once
