@@ -7,8 +7,9 @@ tokens/s at batch 1/4/8/16 with 1k and 8k context (floor = bytes per step / copy
 the weights a step reads, the KV cache of the 16 full-attention layers, the GDN recurrent and
 conv states read and written); a per-kernel breakdown of a batch-1 decode step; and the GDN
 layer core alone (conv, norms, gates, delta rule, gated norm) at decode shapes, against the
-bytes of its state. Hybrid lanes cannot share a prefix (their recurrent state would be
-wrong), so every lane is prefilled; lanes are prefilled together, 2 at a time.
+bytes of its state. Decode is timed with decode CUDA graphs on and off (NINFER_CUDA_GRAPHS,
+read by the backend at every step). Hybrid lanes cannot share a prefix (their recurrent state
+would be wrong), so every lane is prefilled; lanes are prefilled together, 2 at a time.
 
 Writes results_hybrid.json / results_hybrid.md under --out and prints the table.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -95,7 +97,30 @@ def prefill_flops(counts: dict, tokens: int) -> float:
     return matmul + attention + gdn + lm_head - 2.0 * counts["vocab"] * counts["hidden"] * tokens
 
 
-def run_shape(name: str, bw: float, rate: float, steps: int, contexts: list[int]) -> dict:
+def decode_row(
+    cfg: dict, bw: float, context: int, batch: int, sec: float, mean_pos: float, graphs: bool
+) -> dict:
+    c = shape_counts(cfg, batch)
+    kv = batch * mean_pos * c["kv_bytes_per_token"]
+    state = batch * 2 * c["state_bytes_per_lane"]  # read + write
+    floor_step = (2.0 * c["read_params"] + kv + state) / bw
+    return {
+        "context": context,
+        "batch": batch,
+        "graphs": graphs,
+        "step_ms": sec * 1e3,
+        "tokens_per_s": batch / sec,
+        "floor_tokens_per_s": batch / floor_step,
+        "ratio": floor_step / sec,
+        "weight_gb": 2.0 * c["read_params"] / 1e9,
+        "kv_gb": kv / 1e9,
+        "state_gb": state / 1e9,
+    }
+
+
+def run_shape(
+    name: str, bw: float, rate: float, steps: int, contexts: list[int], decode_only: bool
+) -> dict:
     cfg = qwen3_5_preset(name)
     lanes, prompt_len = 16, 8192
     counts = shape_counts(cfg)
@@ -107,7 +132,7 @@ def run_shape(name: str, bw: float, rate: float, steps: int, contexts: list[int]
             str(path),
             max_lanes=lanes,
             max_batch_tokens=2 * max(contexts),
-            max_context=max(contexts) + steps + 80,
+            max_context=max(contexts) + 8 * (steps + 4) + 64,
             device="cuda",
             random_weights_seed=1,
         )
@@ -120,32 +145,33 @@ def run_shape(name: str, bw: float, rate: float, steps: int, contexts: list[int]
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, counts["vocab"], size=prompt_len + 8).tolist()
 
-    runner.forward(0, 0, tokens[:256])  # warm-up
-    runner.reset(0)
-    times = []
-    for _ in range(2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        runner.forward(0, 0, tokens[:prompt_len])
-        times.append(time.perf_counter() - t0)
+    if not decode_only:
+        runner.forward(0, 0, tokens[:256])  # warm-up
         runner.reset(0)
-    seconds = min(times)
-    flops = prefill_flops(counts, prompt_len)
-    floor = flops / rate
-    out["prefill"] = {
-        "tokens": prompt_len,
-        "seconds": seconds,
-        "tokens_per_s": prompt_len / seconds,
-        "flops": flops,
-        "floor_s": floor,
-        "floor_tokens_per_s": prompt_len / floor,
-        "ratio": floor / seconds,
-    }
-    print(
-        f"[{name}] prefill {prompt_len}: {prompt_len / seconds:.0f} tok/s, floor "
-        f"{prompt_len / floor:.0f} ({100 * floor / seconds:.1f}%)",
-        flush=True,
-    )
+        times = []
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runner.forward(0, 0, tokens[:prompt_len])
+            times.append(time.perf_counter() - t0)
+            runner.reset(0)
+        seconds = min(times)
+        flops = prefill_flops(counts, prompt_len)
+        floor = flops / rate
+        out["prefill"] = {
+            "tokens": prompt_len,
+            "seconds": seconds,
+            "tokens_per_s": prompt_len / seconds,
+            "flops": flops,
+            "floor_s": floor,
+            "floor_tokens_per_s": prompt_len / floor,
+            "ratio": floor / seconds,
+        }
+        print(
+            f"[{name}] prefill {prompt_len}: {prompt_len / seconds:.0f} tok/s, floor "
+            f"{prompt_len / floor:.0f} ({100 * floor / seconds:.1f}%)",
+            flush=True,
+        )
 
     rows = []
     for context in contexts:
@@ -165,39 +191,38 @@ def run_shape(name: str, bw: float, rate: float, steps: int, contexts: list[int]
                 for lane in range(batch):
                     position[lane] += 1
 
-            step()  # warm-up (GEMV/cuBLAS choice for this m)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            sec = (time.perf_counter() - t0) / steps
-            c = shape_counts(cfg, batch)
-            kv = batch * (position[0] - steps / 2) * c["kv_bytes_per_token"]
-            state = batch * 2 * c["state_bytes_per_lane"]  # read + write
-            floor_step = (2.0 * c["read_params"] + kv + state) / bw
-            row = {
-                "context": context,
-                "batch": batch,
-                "step_ms": sec * 1e3,
-                "tokens_per_s": batch / sec,
-                "floor_tokens_per_s": batch / floor_step,
-                "ratio": floor_step / sec,
-                "weight_gb": 2.0 * c["read_params"] / 1e9,
-                "kv_gb": kv / 1e9,
-                "state_gb": state / 1e9,
-            }
-            rows.append(row)
-            print(
-                f"[{name}] decode ctx {context} batch {batch}: {row['tokens_per_s']:.1f} tok/s "
-                f"({row['step_ms']:.2f} ms/step), floor {row['floor_tokens_per_s']:.1f} "
-                f"({100 * row['ratio']:.1f}%)",
-                flush=True,
-            )
+            for graphs in (True, False):
+                os.environ["NINFER_CUDA_GRAPHS"] = "1" if graphs else "0"
+                for _ in range(3):  # warm-up: GEMV/cuBLAS choice, then the graph's capture
+                    step()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                sec = (time.perf_counter() - t0) / steps
+                rows.append(
+                    decode_row(cfg, bw, context, batch, sec, position[0] - steps / 2, graphs)
+                )
+                r = rows[-1]
+                print(
+                    f"[{name}] decode ctx {context} batch {batch} "
+                    f"graphs {'on' if graphs else 'off'}: "
+                    f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms']:.2f} ms/step), floor "
+                    f"{r['floor_tokens_per_s']:.1f} ({100 * r['ratio']:.1f}%)",
+                    flush=True,
+                )
+            os.environ.pop("NINFER_CUDA_GRAPHS")
     out["decode"] = rows
     pos = position[0]
+    os.environ["NINFER_CUDA_GRAPHS"] = "0"  # per-kernel figures of the eager step
     out["breakdown_decode_b1"] = kernel_breakdown(lambda: runner.forward(0, pos, [tokens[2]]))
+    os.environ.pop("NINFER_CUDA_GRAPHS")
+    if decode_only:
+        return out
     runner.reset(0)
-    out["breakdown_prefill"] = kernel_breakdown(lambda: runner.forward(0, 0, tokens[:prompt_len]), top=16)
+    out["breakdown_prefill"] = kernel_breakdown(
+        lambda: runner.forward(0, 0, tokens[:prompt_len]), top=16
+    )
     runner = None  # free the weights before the kernel timings
     torch.cuda.empty_cache()
 
@@ -227,22 +252,31 @@ def to_markdown(result: dict) -> str:
         "",
     ]
     for shape in result["shapes"]:
-        p = shape["prefill"]
         lines += [
             f"### {shape['shape']}",
             "",
             "| what | measured | floor | ratio |",
             "| --- | --- | --- | --- |",
-            f"| prefill {p['tokens']} | {p['tokens_per_s']:.0f} tok/s ({p['seconds']:.2f} s) "
-            f"| {p['floor_tokens_per_s']:.0f} tok/s | {100 * p['ratio']:.1f}% |",
         ]
-        for r in shape["decode"]:
+        if "prefill" in shape:
+            p = shape["prefill"]
             lines.append(
-                f"| decode b{r['batch']} {r['context']} ctx | {r['tokens_per_s']:.1f} tok/s "
-                f"({r['step_ms']:.2f} ms) | {r['floor_tokens_per_s']:.1f} tok/s | {100 * r['ratio']:.1f}% |"
+                f"| prefill {p['tokens']} | {p['tokens_per_s']:.0f} tok/s ({p['seconds']:.2f} s) "
+                f"| {p['floor_tokens_per_s']:.0f} tok/s | {100 * p['ratio']:.1f}% |"
+            )
+        for r in shape["decode"]:
+            graphs = "graphs on" if r["graphs"] else "graphs off"
+            lines.append(
+                f"| decode b{r['batch']} {r['context']} ctx, {graphs} "
+                f"| {r['tokens_per_s']:.1f} tok/s "
+                f"({r['step_ms']:.2f} ms) | {r['floor_tokens_per_s']:.1f} tok/s "
+                f"| {100 * r['ratio']:.1f}% |"
             )
         lines += ["", "decode b1 kernels (name, ms, launches):"]
         lines += [f"- {n}: {ms:.2f} ms x {cnt}" for n, ms, cnt in shape["breakdown_decode_b1"]]
+        if "breakdown_prefill" not in shape:
+            lines.append("")
+            continue
         lines += ["", "prefill 8k kernels (name, ms, launches):"]
         lines += [f"- {n}: {ms:.2f} ms x {cnt}" for n, ms, cnt in shape["breakdown_prefill"]]
         lines += [
@@ -263,6 +297,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--shapes", default="qwen3.6-27b,qwen3.6-35b-a3b")
+    parser.add_argument("--decode-only", action="store_true", help="skip prefill and GDN timings")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {
@@ -275,7 +310,9 @@ def main() -> int:
     print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s", flush=True)
     for name in args.shapes.split(","):
         try:
-            result["shapes"].append(run_shape(name, bw, rate, args.steps, [1024, 8192]))
+            result["shapes"].append(
+                run_shape(name, bw, rate, args.steps, [1024, 8192], args.decode_only)
+            )
         except Exception as exc:  # keep the other shape's figures
             print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", flush=True)
             result.setdefault("failures", []).append(f"{name}: {exc}")

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -143,6 +144,13 @@ class Backend {
   virtual Buffer upload_vector(const TensorView& tensor) = 0;
   virtual void copy_from_host(float* dst, const float* src, int64_t elements) = 0;
   virtual void copy_to_host(float* dst, const float* src, int64_t elements) = 0;
+  // Runs `enqueue` (the op calls of one model step: re-runnable, no host reads or allocation)
+  // now. A backend may instead capture it once as a device graph and replay it for later
+  // steps of the same shape; `graphable` is the model's word that the step is pure decode.
+  virtual void run_step(bool graphable, const std::function<void()>& enqueue) {
+    (void)graphable;
+    enqueue();
+  }
   virtual void synchronize() = 0;
   // Attaches page storage in this backend's memory to the pool unless it has some already;
   // throws if the pool's storage lives elsewhere. Models call it once at load; kv_write and

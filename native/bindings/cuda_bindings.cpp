@@ -230,6 +230,8 @@ class CudaOps {
 void bind_cuda(py::module_& m) {
 #ifdef NINFER_WITH_CUDA
   m.def("cuda_device_count", [] { return cuda::device_count(); }, "CUDA devices visible (0 without driver/device).");
+  m.def("cuda_graph_replays", [] { return cuda::graph_replays_total(); },
+        "Decode steps replayed as CUDA graphs by every CUDA backend of this process.");
   py::class_<CudaOps>(m, "CudaOps", "Each CUDA backend op on numpy arrays (tests, benchmarks).")
       .def(py::init<int>(), py::arg("device") = 0)
       .def_property_readonly("cublas_available", &CudaOps::cublas_available)
@@ -252,6 +254,7 @@ void bind_cuda(py::module_& m) {
   bind_cuda_hybrid(m);
 #else
   m.def("cuda_device_count", [] { return 0; }, "CUDA devices visible (this build has no CUDA backend).");
+  m.def("cuda_graph_replays", [] { return 0; }, "Decode steps replayed as CUDA graphs (no CUDA backend: 0).");
 #endif
 }
 

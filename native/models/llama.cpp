@@ -241,39 +241,44 @@ void LlamaModel::forward(const BatchPlan& plan, float* logits) {
   float *hidden = hidden_.data(), *normed = normed_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data();
   float *attn = attn_.data(), *gate = gate_.data(), *up = up_.data();
 
-  b.embedding(embed_, plan.tokens, hidden);
-  for (int64_t li = 0; li < cfg_.layers; ++li) {
-    const Layer& L = layers_[static_cast<size_t>(li)];
-    b.rms_norm(hidden, t, h, L.input_norm.data(), cfg_.eps, normed);
-    const MatmulOutput qkv[] = {{&L.q, L.q_bias.data(), q}, {&L.k, L.k_bias.data(), k}, {&L.v, L.v_bias.data(), v}};
-    b.matmul_many(normed, t, qkv);
-    if (cfg_.qk_norm) {
-      b.rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
-      b.rms_norm(k, t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k);
-    }
-    apply_rope(q, cfg_.heads, positions, slices);
-    apply_rope(k, cfg_.kv_heads, positions, slices);
-    b.kv_write(kv_, li, k, v, slices);
-    b.attention(kv_, li, q, slices, shape, attn);
-    b.matmul(attn, t, L.o, L.o_bias.data(), normed);
-    b.add(hidden, normed, t * h);
-    b.rms_norm(hidden, t, h, L.post_norm.data(), cfg_.eps, normed);
-    const MatmulOutput gate_up[] = {{&L.gate, nullptr, gate}, {&L.up, nullptr, up}};
-    b.matmul_many(normed, t, gate_up);
-    b.swiglu(gate, up, t * inter, gate);
-    b.matmul(gate, t, L.down, nullptr, normed);
-    b.add(hidden, normed, t * h);
-  }
-
   const auto rows = static_cast<int64_t>(logit_rows.size());
-  if (rows == 0) return;
-  if (logits_.size() < rows * cfg_.vocab) {
+  if (logits_.size() < rows * cfg_.vocab) {  // before run_step: a step's ops must not allocate
     logit_inputs_ = b.alloc(rows * h);
     logits_ = b.alloc(rows * cfg_.vocab);
   }
-  b.gather_rows(hidden, h, logit_rows, logit_inputs_.data());
-  b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
-  b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+  bool decode = true;  // one token per slice: the backend may replay the step as a graph
+  for (const auto& s : plan.slices) decode = decode && s.num_tokens == 1;
+  b.run_step(decode, [&] {
+    b.embedding(embed_, plan.tokens, hidden);
+    for (int64_t li = 0; li < cfg_.layers; ++li) {
+      const Layer& L = layers_[static_cast<size_t>(li)];
+      b.rms_norm(hidden, t, h, L.input_norm.data(), cfg_.eps, normed);
+      const MatmulOutput qkv[] = {{&L.q, L.q_bias.data(), q}, {&L.k, L.k_bias.data(), k}, {&L.v, L.v_bias.data(), v}};
+      b.matmul_many(normed, t, qkv);
+      if (cfg_.qk_norm) {
+        b.rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
+        b.rms_norm(k, t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k);
+      }
+      apply_rope(q, cfg_.heads, positions, slices);
+      apply_rope(k, cfg_.kv_heads, positions, slices);
+      b.kv_write(kv_, li, k, v, slices);
+      b.attention(kv_, li, q, slices, shape, attn);
+      b.matmul(attn, t, L.o, L.o_bias.data(), normed);
+      b.add(hidden, normed, t * h);
+      b.rms_norm(hidden, t, h, L.post_norm.data(), cfg_.eps, normed);
+      const MatmulOutput gate_up[] = {{&L.gate, nullptr, gate}, {&L.up, nullptr, up}};
+      b.matmul_many(normed, t, gate_up);
+      b.swiglu(gate, up, t * inter, gate);
+      b.matmul(gate, t, L.down, nullptr, normed);
+      b.add(hidden, normed, t * h);
+    }
+
+    if (rows == 0) return;
+    b.gather_rows(hidden, h, logit_rows, logit_inputs_.data());
+    b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
+    b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+  });
+  if (rows == 0) return;
   b.synchronize();
   b.copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
 }

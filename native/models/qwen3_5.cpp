@@ -502,19 +502,23 @@ void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
   for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = -1;
   Backend& b = *backend_;
   const int64_t h = cfg_.hidden;
-  b.embedding(embed_, plan.tokens, hidden_.data());
-  for (size_t i = 0; i < layers_.size(); ++i)
-    decoder_layer(layers_[i], t, step, i > 0, i + 1 < layers_.size() ? &layers_[i + 1] : nullptr);
-
   const auto rows = static_cast<int64_t>(logit_rows.size());
-  if (rows > 0) {
-    if (logits_.size() < rows * cfg_.vocab) {
-      logit_inputs_ = b.alloc(rows * h);
-      logits_ = b.alloc(rows * cfg_.vocab);
-    }
+  if (logits_.size() < rows * cfg_.vocab) {  // before run_step: a step's ops must not allocate
+    logit_inputs_ = b.alloc(rows * h);
+    logits_ = b.alloc(rows * cfg_.vocab);
+  }
+  bool decode = true;  // one token per slice: the backend may replay the step as a graph
+  for (const auto& s : plan.slices) decode = decode && s.num_tokens == 1;
+  b.run_step(decode, [&] {
+    b.embedding(embed_, plan.tokens, hidden_.data());
+    for (size_t i = 0; i < layers_.size(); ++i)
+      decoder_layer(layers_[i], t, step, i > 0, i + 1 < layers_.size() ? &layers_[i + 1] : nullptr);
+    if (rows == 0) return;
     b.gather_rows(hidden_.data(), h, logit_rows, logit_inputs_.data());
     b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
     b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+  });
+  if (rows > 0) {
     b.synchronize();
     b.copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
   } else {

@@ -47,7 +47,7 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 
 echo "== GPU tests"
 "$py" -m pytest -m gpu tests/test_cuda_ops.py tests/test_cuda_model.py \
-  tests/test_cuda_hybrid_ops.py tests/test_cuda_hybrid_model.py -q -rs -s -p no:cacheprovider \
+  tests/test_cuda_hybrid_ops.py tests/test_cuda_hybrid_model.py tests/test_cuda_graphs.py -q -rs -s -p no:cacheprovider \
   -o addopts="" 2>&1 | tee "$out/tests.log" | grep -vE "^$" | tail -60
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
@@ -59,7 +59,8 @@ if [ "$bench" = all ] || [ "$bench" = dense ]; then
 fi
 if [ "$bench" = all ] || [ "$bench" = hybrid ]; then
   echo "== benchmark (hybrid shapes)"
-  "$py" bench/bench_cuda_hybrid.py --out "$out" 2>&1 | tee "$out/bench_hybrid.log" | grep -v "^\[" | tail -60
+  # shellcheck disable=SC2086  # NINFER_HYBRID_ARGS: e.g. "--shapes qwen3.6-27b --decode-only"
+  "$py" bench/bench_cuda_hybrid.py --out "$out" ${NINFER_HYBRID_ARGS:-} 2>&1 | tee "$out/bench_hybrid.log" | grep -v "^\[" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 exit "$status"

@@ -1,6 +1,9 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <bit>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -49,6 +52,12 @@ int device_count() {
 
 // --- scratch and metadata ---------------------------------------------------------------------
 
+namespace {
+std::atomic<uint64_t> scratch_moves{0};
+}  // namespace
+
+uint64_t scratch_generation() { return scratch_moves.load(); }
+
 DeviceScratch::~DeviceScratch() {
   if (ptr_) cudaFree(ptr_);
 }
@@ -59,6 +68,7 @@ void* DeviceScratch::get(size_t bytes, cudaStream_t stream) {
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));  // kernels may still read the old buffer
     NINFER_CUDA_CHECK(cudaFree(ptr_));
     ptr_ = nullptr;
+    ++scratch_moves;
   }
   const size_t size = align_up(std::max<size_t>(bytes + bytes / 2, 4096), kAlign);
   NINFER_CUDA_CHECK(cudaMalloc(&ptr_, size));
@@ -89,11 +99,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
   NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (CublasRuntime::get().available()) cublas_ = CublasRuntime::get().create_handle(stream_);
+  // NINFER_CUDA_MATMUL=gemv|cublas fixes the matmul path (tests that compare two backends
+  // exactly; the timed auto choice may differ between them).
+  if (const char* path = std::getenv("NINFER_CUDA_MATMUL")) {
+    if (std::strcmp(path, "gemv") == 0) matmul_path_ = MatmulPath::Gemv;
+    if (std::strcmp(path, "cublas") == 0) matmul_path_ = MatmulPath::Cublas;
+  }
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_) cudaStreamSynchronize(stream_);
+  graphs_.clear();
   if (cublas_) CublasRuntime::get().destroy_handle(cublas_);
   for (const auto& chunk : arena_) cudaFree(chunk.ptr);
   if (stream_) cudaStreamDestroy(stream_);
@@ -121,6 +138,7 @@ Buffer CudaBackend::alloc(int64_t elements) {
   activate();
   void* p = nullptr;
   NINFER_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(elements, 1)) * sizeof(float)));
+  ++scratch_moves;  // e.g. a model's logits buffer grew: graphs may hold the one it replaces
   const int device = device_;
   return Buffer(std::shared_ptr<float>(static_cast<float*>(p),
                                        [device](float* q) {
@@ -174,6 +192,8 @@ Buffer CudaBackend::upload_vector(const TensorView& t) {
 }
 
 void CudaBackend::copy_from_host(float* dst, const float* src, int64_t n) {
+  not_graphable();  // a copy from pageable memory cannot be captured
+  if (dry()) return;
   activate();
   NINFER_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
 }
@@ -298,6 +318,16 @@ void CudaBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulO
     if (o.weight->cols != k) throw std::invalid_argument("matmul_many: all weights need the same width");
   }
   activate();
+  if (dry()) {
+    // A shape not yet timed would launch the timing runs: run this step eagerly.
+    std::vector<int64_t> key{m, k};
+    for (const auto& o : outputs) key.push_back(o.weight->rows);
+    if (cublas_ && matmul_path_ == MatmulPath::Auto && k % 8 == 0 && m <= kGemvMaxRows && !gemv_faster_.count(key))
+      not_graphable();
+    else
+      note(prefer_gemv(x, m, outputs));
+    return;
+  }
   if (prefer_gemv(x, m, outputs))
     run_gemv(x, m, outputs);
   else
@@ -313,12 +343,14 @@ void CudaBackend::embedding(const Weight& table, std::span<const int32_t> tokens
       throw std::out_of_range("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
                               std::to_string(table.rows) + ")");
   activate();
-  const int32_t* ids = tokens_.upload(tokens, stream_);
+  const int32_t* ids = stage(tokens_, tokens);
+  if (dry()) return;
   launch_embedding(static_cast<const uint16_t*>(table.data), table.cols, ids, static_cast<int64_t>(tokens.size()), out,
                    stream_);
 }
 
 void CudaBackend::rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y) {
+  if (dry()) return;
   activate();
   launch_rms_norm(x, rows, cols, weight, eps, y, stream_);
 }
@@ -328,18 +360,21 @@ void CudaBackend::rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary
   if (rotary_dim % 2 != 0 || rotary_dim > head_dim || static_cast<int64_t>(inv_freq.size()) != rotary_dim / 2)
     throw std::invalid_argument("rope: rotary_dim must be even, <= head_dim, and match inv_freq");
   activate();
-  const int32_t* pos = positions_.upload(positions, stream_);
-  const float* freq = inv_freq_.upload(inv_freq, stream_);
+  const int32_t* pos = stage(positions_, positions);
+  const float* freq = stage(inv_freq_, inv_freq);
+  if (dry()) return;
   launch_rope(x, static_cast<int64_t>(positions.size()), heads, head_dim, rotary_dim, pos, freq, attention_factor,
               stream_);
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  if (dry()) return;
   activate();
   launch_swiglu(gate, up, n, out, stream_);
 }
 
 void CudaBackend::add(float* y, const float* x, int64_t n) {
+  if (dry()) return;
   activate();
   launch_add(y, x, n, stream_);
 }
@@ -350,6 +385,7 @@ void CudaBackend::add_rms_norm(float* y, const float* x, int64_t rows, int64_t c
     Backend::add_rms_norm(y, x, rows, cols, weight, eps, normed);
     return;
   }
+  if (dry()) return;
   activate();
   launch_add_rms_norm(y, x, rows, cols, weight, eps, normed, stream_);
 }
@@ -358,7 +394,8 @@ void CudaBackend::gather_rows(const float* src, int64_t cols, std::span<const in
   for (const int32_t r : rows)
     if (r < 0) throw std::out_of_range("gather_rows: negative row index");
   activate();
-  const int32_t* ids = gather_rows_.upload(rows, stream_);
+  const int32_t* ids = stage(gather_rows_, rows);
+  if (dry()) return;
   launch_gather_rows(src, cols, ids, static_cast<int64_t>(rows.size()), dst, stream_);
 }
 
@@ -387,7 +424,8 @@ void CudaBackend::kv_write(KvPool& kv, int64_t layer, const float* k, const floa
           static_cast<int32_t>(s.page_table[pos / kPageTokens] * kPageTokens + pos % kPageTokens);
     }
   activate();
-  const int32_t* device_slots = kv_slots_.upload(std::span<const int32_t>(slots), stream_);
+  const int32_t* device_slots = stage(kv_slots_, std::span<const int32_t>(slots));
+  if (dry()) return;
   launch_kv_write(kv_layout(kv, layer), kv.head_dim(), k, v, device_slots, rows, stream_);
 }
 
@@ -423,16 +461,20 @@ void CudaBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span
 
   int splits = 1, chunk = 0;
   if (!decode.empty()) {
-    const int64_t max_pages = (max_len + kPageTokens - 1) / kPageTokens;
+    // Splits are chosen for the page count rounded up to a power of two, so that a step graph
+    // (which fixes them) serves a whole range of lengths; splits past a row's keys are empty.
+    const int64_t max_pages = std::bit_ceil(static_cast<uint64_t>((max_len + kPageTokens - 1) / kPageTokens));
     const int64_t group_chunks = (nh / nkv + 7) / 8;
     const int64_t base_blocks = static_cast<int64_t>(decode.size()) * nkv * group_chunks;
     // Enough blocks (about 8 per SM) that many K/V loads are in flight across the chip.
     int64_t want = forced_splits_ > 0 ? forced_splits_ : (8 * num_sms_ + base_blocks - 1) / base_blocks;
     want = std::clamp<int64_t>(want, 1, max_pages);
     chunk = static_cast<int>((max_pages + want - 1) / want) * kPageTokens;
-    splits = static_cast<int>((max_len + chunk - 1) / chunk);
+    splits = static_cast<int>((max_pages * kPageTokens + chunk - 1) / chunk);
   }
 
+  // A step graph fixes the plan's size: pad the page tables to a power of two.
+  if (mode_ != StepMode::Eager) pages.resize(std::bit_ceil(std::max<size_t>(pages.size(), 16)), 0);
   const size_t pages_bytes = align_up(pages.size() * 4, 16);
   const size_t decode_bytes = decode.size() * sizeof(DecodeItem);
   std::vector<unsigned char> blob(pages_bytes + decode_bytes + prefill.size() * sizeof(PrefillItem), 0);
@@ -442,7 +484,12 @@ void CudaBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span
     std::memcpy(blob.data() + pages_bytes + decode_bytes, prefill.data(), prefill.size() * sizeof(PrefillItem));
 
   activate();
-  const auto* device_blob = static_cast<const unsigned char*>(attention_plan_.upload(blob.data(), blob.size(), stream_));
+  const auto* device_blob = static_cast<const unsigned char*>(stage(attention_plan_, blob.data(), blob.size()));
+  note(splits);
+  note(chunk);
+  note(static_cast<int64_t>(decode.size()));
+  note(static_cast<int64_t>(prefill.size()));
+  if (dry()) return;
   AttentionArgs args{kv_layout(kv, layer), reinterpret_cast<const int32_t*>(device_blob), q, out,
                      static_cast<int32_t>(nh), static_cast<int32_t>(hd), shape.scale};
   if (!decode.empty()) {

@@ -9,6 +9,9 @@
 // attention plan, ...) is uploaded only when its bytes differ from the previous upload, so
 // the per-layer calls of one step upload it once.
 //
+// Decode steps (Backend::run_step with graphable set) replay a CUDA graph captured once per
+// step signature (cuda_step_graphs.cpp); prefill steps and anything uncapturable run eagerly.
+//
 // Matmul: bf16 weights, cuBLAS (resolved at run time) for larger m, a hand GEMV for m <= 16;
 // in auto mode the first call of each small shape times both and keeps the faster.
 #pragma once
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
@@ -31,6 +35,17 @@ namespace ninfer::cuda {
 
 // CUDA devices visible to this process (0 without a driver or device).
 int device_count();
+
+// Bumped by every growth of a DeviceScratch and every CudaBackend::alloc: captured step
+// graphs hold device pointers, and one of them may have just been replaced.
+uint64_t scratch_generation();
+
+// False when the environment sets NINFER_CUDA_GRAPHS=0 (read at every step, so that a
+// benchmark can time both in one process).
+bool step_graphs_from_env();
+
+// Steps replayed as graphs by every CudaBackend of the process (tests check graphs are used).
+uint64_t graph_replays_total();
 
 // A device buffer that only grows (growing synchronizes the stream first).
 class DeviceScratch {
@@ -79,6 +94,7 @@ class CudaBackend final : public Backend {
   void copy_from_host(float* dst, const float* src, int64_t elements) override;
   void copy_to_host(float* dst, const float* src, int64_t elements) override;
   void synchronize() override;
+  void run_step(bool graphable, const std::function<void()>& enqueue) override;
   void bind_kv(KvPool& kv) override;
   Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
 
@@ -120,6 +136,8 @@ class CudaBackend final : public Backend {
   void set_attention_path(AttentionPath path) { attention_path_ = path; }
   void set_decode_splits(int splits) { forced_splits_ = splits; }
   bool cublas_available() const { return cublas_ != nullptr; }
+  // Decode step graphs (cuda_step_graphs.cpp); on unless this is off or NINFER_CUDA_GRAPHS=0.
+  void set_step_graphs(bool on) { step_graphs_ = on; }
 
  private:
   void activate() const;
@@ -128,6 +146,39 @@ class CudaBackend final : public Backend {
   void run_cublas(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   bool prefer_gemv(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   KvLayout kv_layout(const KvPool& kv, int64_t layer) const;
+
+  // Step graphs (cuda_step_graphs.cpp). run_step first runs a step "dry": the ops compute and
+  // stage their metadata and note their host-side launch choices (the step's signature) but
+  // launch nothing. A signature seen before with a graph replays it after copying the staged
+  // metadata into its pinned buffers; one seen once (scratch grown, GEMV timings cached) is
+  // captured; a new one runs eagerly. Ops call stage() instead of MetadataSlot::upload,
+  // note() for launch parameters that are not in the staged sizes, and return after staging
+  // when dry().
+  enum class StepMode { Eager, Dry, Capture };
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    cudaEvent_t done = nullptr;       // recorded after each launch: the pinned buffers are free
+    std::vector<void*> host, device;  // per upload: pinned staging and its device copy
+    std::vector<size_t> bytes;
+    StepGraph() = default;
+    StepGraph(const StepGraph&) = delete;
+    StepGraph& operator=(const StepGraph&) = delete;
+    ~StepGraph();
+  };
+  bool dry() const { return mode_ == StepMode::Dry; }
+  const void* stage(MetadataSlot& slot, const void* data, size_t bytes);
+  template <typename T>
+  const T* stage(MetadataSlot& slot, std::span<const T> values) {
+    return static_cast<const T*>(stage(slot, values.data(), values.size_bytes()));
+  }
+  void note(int64_t value) {
+    if (mode_ == StepMode::Dry) signature_.push_back(value);
+  }
+  void not_graphable() {
+    if (mode_ == StepMode::Dry) step_graphable_ = false;
+  }
+  void capture_and_launch(const std::function<void()>& enqueue);
+  void launch_graph(StepGraph& graph);
 
   int device_ = 0;
   int num_sms_ = 132;
@@ -151,6 +202,19 @@ class CudaBackend final : public Backend {
   AttentionPath attention_path_ = AttentionPath::Auto;
   int forced_splits_ = 0;
   std::map<std::vector<int64_t>, bool> gemv_faster_;  // (m, k, rows...) -> the GEMV won the timing
+
+  bool step_graphs_ = true;
+  StepMode mode_ = StepMode::Eager;
+  bool step_graphable_ = true;
+  std::vector<int64_t> signature_;                     // the dry step's launch choices and sizes
+  std::vector<std::vector<unsigned char>> staged_;     // the dry step's metadata, upload by upload
+  std::vector<int64_t> stage_choice_;                  // per stage() call: the upload it uses
+  std::map<const MetadataSlot*, size_t> slot_last_;    // slot -> its latest upload this step
+  size_t stage_cursor_ = 0;                            // capture: the next stage() call
+  StepGraph* capturing_ = nullptr;
+  std::map<std::vector<int64_t>, std::unique_ptr<StepGraph>> graphs_;
+  std::set<std::vector<int64_t>> seen_, uncapturable_;
+  uint64_t graphs_generation_ = 0;                     // scratch_generation() the graphs were made at
 };
 
 }  // namespace ninfer::cuda

@@ -30,13 +30,13 @@ Weight row_block(const Weight& w, int64_t first, int64_t count) {
 }  // namespace
 
 void CudaBackend::fill_zero(float* x, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0 || dry()) return;
   activate();
   NINFER_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), stream_));
 }
 
 void CudaBackend::copy(float* dst, const float* src, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0 || dry()) return;
   activate();
   NINFER_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
@@ -69,7 +69,11 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
   activate();
   const int64_t channels = shape.conv_channels(), kw = shape.key_width(), vw = shape.value_width();
   const int64_t hv = shape.value_heads;
-  const auto* seq_dev = gdn_seqs_.upload(std::span<const GdnSeq>(seqs), stream_);
+  const auto* seq_dev = stage(gdn_seqs_, std::span<const GdnSeq>(seqs));
+  const bool chunked = form == GdnForm::Chunked && !any_history && gdn_chunked_supported(dims);
+  note(max_tokens);
+  note(chunked);
+  if (dry()) return;
   float* conv_out = scratch_of<float>(gdn_conv_out_, rows * channels, stream_);
   float* gates = scratch_of<float>(gdn_gates_, 2 * rows * hv, stream_);
   float* beta = gates;
@@ -85,7 +89,6 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
   // The chunked form only when asked for (GdnForm::Chunked): on the H200 (2026-11-29, 27B
   // shape, one lane of 8192 tokens) it takes 9.9 ms a layer against 6.2 ms for the recurrent
   // kernel, whose fp32 CUDA-core products and per-chunk solve are not yet on tensor cores.
-  const bool chunked = form == GdnForm::Chunked && !any_history && gdn_chunked_supported(dims);
   if (chunked)
     launch_gated_delta_rule_chunked(dims, args, seq_dev, n, stream_);
   else
@@ -95,22 +98,26 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
 
 void CudaBackend::split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads, int64_t head_dim,
                                    float* query, float* gate) {
+  if (dry()) return;
   activate();
   launch_split_query_gate(q_proj_out, tokens, heads, head_dim, query, gate, stream_);
 }
 
 void CudaBackend::sigmoid_mul(float* x, const float* gate, int64_t n) {
+  if (dry()) return;
   activate();
   launch_sigmoid_gate_multiply(x, gate, n, stream_);
 }
 
 void CudaBackend::add_sigmoid_gated(float* y, const float* x, const float* gate_logits, int64_t rows, int64_t cols) {
+  if (dry()) return;
   activate();
   launch_moe_add_gated_shared(x, gate_logits, rows, cols, y, stream_);
 }
 
 void CudaBackend::concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows,
                                  float* out) {
+  if (dry()) return;
   activate();
   launch_concat_columns(a, a_cols, b, b_cols, rows, out, stream_);
 }
@@ -132,6 +139,10 @@ void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, co
     throw std::invalid_argument("CUDA moe_experts: expert weights must be uploaded by this backend (bf16)");
   fill_zero(out, tokens * hidden);
   if (tokens <= 0) return;
+  const bool ungrouped =
+      tokens * top_k <= kMoeUngroupedPairs && hidden % 8 == 0 && ff % 8 == 0 && hidden <= 12288 && ff <= 12288;
+  if (!ungrouped) not_graphable();  // the grouped path reads the expert ids on the host
+  if (dry()) return;
   activate();
   const int64_t pairs = tokens * top_k;
   auto* route = scratch_of<float>(moe_route_, 2 * pairs, stream_);
@@ -139,7 +150,7 @@ void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, co
   float* route_weights = route + pairs;
   launch_moe_route_softmax_topk(router_logits, tokens, e_count, top_k, experts.renormalize, ids_dev, route_weights,
                                 stream_);
-  if (pairs <= kMoeUngroupedPairs && hidden % 8 == 0 && ff % 8 == 0 && hidden <= 12288 && ff <= 12288) {
+  if (ungrouped) {
     float* gate_up = scratch_of<float>(moe_x_, pairs * 2 * ff, stream_);
     float* act = scratch_of<float>(moe_gate_, pairs * ff, stream_);
     float* y = scratch_of<float>(moe_y_, pairs * hidden, stream_);
@@ -169,7 +180,7 @@ void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, co
     plan[static_cast<size_t>(row)] = static_cast<int32_t>(p / top_k);          // token of grouped row
     plan[static_cast<size_t>(pairs + p)] = static_cast<int32_t>(row);          // row of (token, slot)
   }
-  const auto* plan_dev = moe_plan_.upload(std::span<const int32_t>(plan), stream_);
+  const auto* plan_dev = stage(moe_plan_, std::span<const int32_t>(plan));
   float* xg = scratch_of<float>(moe_x_, pairs * hidden, stream_);
   float* gate = scratch_of<float>(moe_gate_, pairs * ff, stream_);
   float* up = scratch_of<float>(moe_up_, pairs * ff, stream_);
