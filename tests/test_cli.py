@@ -162,7 +162,7 @@ def test_embedded_default_is_found():
 def fake_converter(monkeypatch):
     calls: list[tuple[Path, Path]] = []
 
-    def convert_source(source, output, *, progress=True, name=None, dtype="keep"):
+    def convert_source(source, output, *, progress=True, name=None, dtype="keep", generation=None):
         calls.append((Path(source), Path(output)))
         if Path(source).read_bytes().endswith(b"broken"):
             Path(output).write_bytes(b"half")

@@ -18,6 +18,7 @@ from ninfer.engine_types import EngineConfig
 from server_harness import free_port, start_server
 
 pytest.importorskip("ninfer._core")
+from ninfer.artifact import read_header  # noqa: E402
 from ninfer.convert.random import make_random_artifact  # noqa: E402
 from ninfer.engine import AsyncEngine  # noqa: E402
 
@@ -206,6 +207,9 @@ def test_embedded_default_model_answers_through_the_cli(tmp_path):
             _, log = process.communicate()
     assert "ready: serving" in log
     assert "context ceiling 1024" in log
+    # Without --greedy the embedded model samples with its authors' defaults.
+    artifact = max(cache.glob("SmolLM2*.ninfer"), key=lambda p: p.stat().st_mtime)
+    assert read_header(artifact).header["generation"] == {"temperature": 0.2, "top_p": 0.9}
 
 
 def test_cli_flags_reach_the_running_server(tmp_path):

@@ -26,6 +26,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the public id of the embedded de
 # The GGUF's Q4_1 weights are re-encoded as q8_0 (the converter's "keep"): the int8 CPU path
 # streams half the bytes of bf16 and answers like the reference (tests/test_server_engine.py).
 DEFAULT_MODEL_DTYPE = "keep"
+# The GGUF carries no sampling defaults; these are the ones SmolLM2's authors publish for the
+# instruct models. At HF's implicit temperature 1.0 a 135M model wanders off the question.
+DEFAULT_MODEL_GENERATION = {"temperature": 0.2, "top_p": 0.9}
 
 log = logging.getLogger("ninfer.server")
 
@@ -58,6 +61,7 @@ def resolve_model(argument: str | None, cache: Path | None = None) -> Path:
             cache or cache_dir(),
             name=DEFAULT_MODEL_NAME,
             dtype=DEFAULT_MODEL_DTYPE,
+            generation=DEFAULT_MODEL_GENERATION,
         )
     source = Path(argument).expanduser()
     if not source.exists():
@@ -92,12 +96,17 @@ def cache_key(source: Path, options: str = "") -> str:
 
 
 def cached_conversion(
-    source: Path, cache: Path, *, name: str | None = None, dtype: str = "keep"
+    source: Path,
+    cache: Path,
+    *,
+    name: str | None = None,
+    dtype: str = "keep",
+    generation: dict[str, float | int] | None = None,
 ) -> Path:
     """Convert `source` once into `cache` (`name`: the artifact's metadata.name)."""
     cache.mkdir(parents=True, exist_ok=True)
     stem = source.name.removesuffix(".gguf") if source.is_file() else source.name
-    key = cache_key(source, f"{name or ''}/{dtype}")
+    key = cache_key(source, f"{name or ''}/{dtype}/{sorted((generation or {}).items())}")
     target = cache / f"{stem}-{key}.ninfer"
     if target.exists():
         return target
@@ -109,7 +118,9 @@ def cached_conversion(
         try:
             from ninfer.convert import convert_source
 
-            convert_source(source, partial, progress=True, name=name, dtype=dtype)
+            convert_source(
+                source, partial, progress=True, name=name, dtype=dtype, generation=generation
+            )
             os.replace(partial, target)
         except Exception as exc:
             raise ModelSourceError(f"converting {source} failed: {exc}") from exc

@@ -14,13 +14,17 @@ def convert_source(
     dtype: str = "keep",
     progress: bool = True,
     name: str | None = None,
+    generation: dict[str, float | int] | None = None,
 ) -> Path:
     """Convert a HF safetensors folder or a .gguf file into an artifact at `output`.
 
     A source that already is a .ninfer artifact is validated and returned as it is (nothing
-    is written to `output`). Returns the path of the usable artifact.
+    is written to `output`). Returns the path of the usable artifact. `generation` (GGUF
+    sources only, which carry no generation_config) sets the artifact's sampling defaults.
     """
     source = Path(source)
+    if generation is not None and (source.is_dir() or source.suffix != ".gguf"):
+        raise ValueError("generation defaults can only be given for a GGUF source")
     if source.is_dir():
         return convert_hf_folder(source, output, dtype=dtype, progress=progress, name=name)
     if not source.exists():
@@ -30,7 +34,9 @@ def convert_source(
     if magic[:4] == b"GGUF":
         from ninfer.convert.gguf import convert_gguf
 
-        return convert_gguf(source, output, dtype=dtype, progress=progress, name=name)
+        return convert_gguf(
+            source, output, dtype=dtype, progress=progress, name=name, generation=generation
+        )
     from ninfer.artifact import MAGIC, read_header
 
     if magic == MAGIC:

@@ -265,6 +265,7 @@ def convert_gguf(
     dtype: str = "keep",
     progress: bool = True,
     name: str | None = None,
+    generation: dict[str, float | int] | None = None,
 ) -> Path:
     path = Path(path)
     reader = _open(path)
@@ -303,7 +304,7 @@ def convert_gguf(
     )
     generation = {
         ours: meta.get(key) for key, ours in _SAMPLING_KEYS.items() if meta.get(key) is not None
-    }
+    } | dict(generation or {})
 
     writer = ArtifactWriter(
         output,
