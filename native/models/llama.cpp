@@ -246,9 +246,7 @@ void LlamaModel::forward(const BatchPlan& plan, float* logits) {
     logit_inputs_ = b.alloc(rows * h);
     logits_ = b.alloc(rows * cfg_.vocab);
   }
-  bool decode = true;  // one token per slice: the backend may replay the step as a graph
-  for (const auto& s : plan.slices) decode = decode && s.num_tokens == 1;
-  b.run_step(decode, [&] {
+  b.run_step(plan.single_token_slices(), [&] {
     b.embedding(embed_, plan.tokens, hidden);
     for (int64_t li = 0; li < cfg_.layers; ++li) {
       const Layer& L = layers_[static_cast<size_t>(li)];

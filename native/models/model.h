@@ -50,6 +50,12 @@ struct BatchPlan {
   std::span<const int32_t> tokens;  // all slices' tokens, slice after slice
   std::vector<SeqSlice> slices;
   // Rows of logits the plan asks for; they are written in slice order.
+  // Every slice is one decode token: the step a backend may capture and replay as a graph.
+  bool single_token_slices() const {
+    for (const auto& s : slices)
+      if (s.num_tokens != 1) return false;
+    return true;
+  }
   int num_logit_rows() const {
     int n = 0;
     for (const auto& s : slices) n += s.logit_rows();

@@ -507,9 +507,7 @@ void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
     logit_inputs_ = b.alloc(rows * h);
     logits_ = b.alloc(rows * cfg_.vocab);
   }
-  bool decode = true;  // one token per slice: the backend may replay the step as a graph
-  for (const auto& s : plan.slices) decode = decode && s.num_tokens == 1;
-  b.run_step(decode, [&] {
+  b.run_step(plan.single_token_slices(), [&] {
     b.embedding(embed_, plan.tokens, hidden_.data());
     for (size_t i = 0; i < layers_.size(); ++i)
       decoder_layer(layers_[i], t, step, i > 0, i + 1 < layers_.size() ? &layers_[i + 1] : nullptr);
