@@ -16,34 +16,15 @@ status=0
 
 { nvidia-smi; nvcc --version; } >"$out/machine.txt" 2>&1
 
-# cuBLAS is opened at run time: the toolkit's copy, else the one in the Python wheels.
-wheel_libs=$("$py" - <<'PY'
-import glob, os, site
-dirs = set()
-for base in site.getsitepackages():
-    for lib in glob.glob(os.path.join(base, "nvidia", "**", "libcublas.so*"), recursive=True):
-        dirs.add(os.path.dirname(lib))
-print(":".join(sorted(dirs)))
-PY
-)
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${wheel_libs}:${LD_LIBRARY_PATH:-}"
-
-echo "== build" | tee "$out/build.log"
-start=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNINFER_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE="$(command -v "$py")" \
-  -Dpybind11_DIR="$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())')" >>"$out/build.log" 2>&1 &&
-  cmake --build build/gpu -j "$(nproc)" >>"$out/build.log" 2>&1
-build_rc=$?
-echo "build rc=$build_rc in $(( $(date +%s) - start )) s" | tee -a "$out/build.log"
-if [ "$build_rc" -ne 0 ]; then
+echo "== build"
+if ! tools/gpu/build.sh "$out/build.log"; then
   tail -60 "$out/build.log"
   exit 1
 fi
+grep "build rc" "$out/build.log"
 grep -iE "warning" "$out/build.log" | head -20
-so=$(ls build/gpu/_core*.so)
-ln -sf "$(realpath "$so")" "python/ninfer/$(basename "$so")"
-export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+# shellcheck disable=SC1091
+source build/gpu/env.sh
 
 echo "== GPU tests"
 "$py" -m pytest -m gpu tests/test_cuda_ops.py tests/test_cuda_model.py \
