@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "artifact/artifact.h"
@@ -19,7 +20,14 @@
 #include "cache/kv_pool.h"
 
 #ifdef NINFER_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/launchers.h"
 #endif
 
 namespace py = pybind11;
@@ -187,7 +195,8 @@ class CudaOps {
   // (through kv_write), then attends for the slices' query rows.
   void paged_attention(py::array q, const std::vector<py::array>& keys, const std::vector<py::array>& values,
                        const std::vector<std::tuple<int, int, std::vector<int32_t>>>& slices, int64_t num_pages,
-                       float scale, py::array out, const std::string& path, int splits) {
+                       float scale, py::array out, const std::string& path, int splits,
+                       std::pair<int, int> prefill_kernel) {
     if (keys.size() != slices.size() || values.size() != slices.size() || keys.empty())
       throw py::value_error("need one key and one value history per slice");
     if (q.ndim() != 3) throw py::value_error("q must be [rows, heads, head_dim]");
@@ -208,16 +217,93 @@ class CudaOps {
     if (row != q.shape(0)) throw py::value_error("q rows do not match the slices' token counts");
     backend_.set_attention_path(attention_path(path));
     backend_.set_decode_splits(splits);
+    backend_.set_prefill_kernel({prefill_kernel.first, prefill_kernel.second});
+    auto reset = [this] {
+      backend_.set_attention_path(CudaBackend::AttentionPath::Auto);
+      backend_.set_decode_splits(0);
+      backend_.set_prefill_kernel({});
+    };
     try {
       backend_.attention(pool, 0, qd.device(), plan, AttentionShape{nh, nkv, hd, scale}, od.device());
     } catch (...) {
-      backend_.set_attention_path(CudaBackend::AttentionPath::Auto);
-      backend_.set_decode_splits(0);
+      reset();
       throw;
     }
-    backend_.set_attention_path(CudaBackend::AttentionPath::Auto);
-    backend_.set_decode_splits(0);
+    reset();
     od.download();
+  }
+
+  // Median device time (ms) of the prefill attention kernel alone for one slice of `tokens`
+  // queries after `start` cached keys, on seeded random q and KV (pages in order), with the
+  // given block shape ((0, 0) = the default).
+  double time_prefill_attention(int start, int tokens, int num_heads, int num_kv_heads, int head_dim,
+                                std::pair<int, int> prefill_kernel, int reps) {
+    if (tokens <= 0 || start < 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || reps <= 0)
+      throw py::value_error("time_prefill_attention: bad shape");
+    const int total = start + tokens, num_pages = (total + kPageTokens - 1) / kPageTokens;
+    const int64_t page_elems = int64_t(kPageTokens) * num_kv_heads * head_dim;
+    const int64_t q_elems = int64_t(tokens) * num_heads * head_dim;
+    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+    for (int i = 0; i < num_pages; ++i) pages[static_cast<size_t>(i)] = i;
+    std::vector<cuda::PrefillItem> items;
+    for (int r = 0; r < tokens; r += cuda::kPrefillBlockRows)
+      items.push_back({r, std::min(cuda::kPrefillBlockRows, tokens - r), start + r, 0});
+    std::reverse(items.begin(), items.end());  // as the backend's plan: longest rows first
+
+    const size_t kv_bytes = size_t(num_pages) * 2 * page_elems * 2, q_bytes = size_t(q_elems) * 4;
+    const size_t pages_bytes = pages.size() * 4, items_bytes = items.size() * sizeof(cuda::PrefillItem);
+    void *kv = nullptr, *q = nullptr, *out = nullptr, *plan = nullptr;
+    NINFER_CUDA_CHECK(cudaMalloc(&kv, kv_bytes));
+    NINFER_CUDA_CHECK(cudaMalloc(&q, q_bytes));
+    NINFER_CUDA_CHECK(cudaMalloc(&out, q_bytes));
+    NINFER_CUDA_CHECK(cudaMalloc(&plan, pages_bytes + items_bytes));
+    auto free_all = [&] {
+      cudaDeviceSynchronize();
+      cudaFree(kv);
+      cudaFree(q);
+      cudaFree(out);
+      cudaFree(plan);
+    };
+    cudaEvent_t begin = nullptr, end = nullptr;
+    std::vector<float> times;
+    try {
+      NINFER_CUDA_CHECK(cudaMemcpy(plan, pages.data(), pages_bytes, cudaMemcpyHostToDevice));
+      auto* device_items = reinterpret_cast<cuda::PrefillItem*>(static_cast<char*>(plan) + pages_bytes);
+      NINFER_CUDA_CHECK(cudaMemcpy(device_items, items.data(), items_bytes, cudaMemcpyHostToDevice));
+      cuda::launch_random_bf16(static_cast<cuda::bf16_bits*>(kv), int64_t(kv_bytes / 2), 1, 1.0f, nullptr);
+      // Random bf16 pairs read as f32: each value is about its high half, in (-3, 3).
+      cuda::launch_random_bf16(static_cast<cuda::bf16_bits*>(q), 2 * q_elems, 2, 3.0f, nullptr);
+      const cuda::KvLayout layout{kv, num_pages, page_elems, num_kv_heads, 0};
+      const cuda::AttentionArgs args{layout, static_cast<const int32_t*>(plan), static_cast<const float*>(q),
+                                     static_cast<float*>(out), num_heads, head_dim,
+                                     1.0f / std::sqrt(static_cast<float>(head_dim))};
+      const cuda::PrefillKernelConfig config{prefill_kernel.first, prefill_kernel.second};
+      auto run = [&] {
+        cuda::launch_prefill_attention(args, device_items, static_cast<int>(items.size()), nullptr, config);
+      };
+      run();  // warm-up (and the kernel's one-time attribute setup)
+      NINFER_CUDA_CHECK(cudaEventCreate(&begin));
+      NINFER_CUDA_CHECK(cudaEventCreate(&end));
+      for (int i = 0; i < reps; ++i) {
+        NINFER_CUDA_CHECK(cudaEventRecord(begin, nullptr));
+        run();
+        NINFER_CUDA_CHECK(cudaEventRecord(end, nullptr));
+        NINFER_CUDA_CHECK(cudaEventSynchronize(end));
+        float ms = 0.0f;
+        NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
+        times.push_back(ms);
+      }
+    } catch (...) {
+      if (begin) cudaEventDestroy(begin);
+      if (end) cudaEventDestroy(end);
+      free_all();
+      throw;
+    }
+    cudaEventDestroy(begin);
+    cudaEventDestroy(end);
+    free_all();
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
   }
 
  private:
@@ -250,7 +336,10 @@ void bind_cuda(py::module_& m) {
       .def("gather_rows", &CudaOps::gather_rows, py::arg("src"), py::arg("rows"), py::arg("out"))
       .def("paged_attention", &CudaOps::paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"),
            py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
-           py::arg("splits") = 0);
+           py::arg("splits") = 0, py::arg("prefill_kernel") = std::pair<int, int>(0, 0))
+      .def("time_prefill_attention", &CudaOps::time_prefill_attention, py::arg("start"), py::arg("tokens"),
+           py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
+           py::arg("prefill_kernel") = std::pair<int, int>(0, 0), py::arg("reps") = 10);
   bind_cuda_hybrid(m);
 #else
   m.def("cuda_device_count", [] { return 0; }, "CUDA devices visible (this build has no CUDA backend).");

@@ -502,7 +502,7 @@ void CudaBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span
   }
   if (!prefill.empty())
     launch_prefill_attention(args, reinterpret_cast<const PrefillItem*>(device_blob + pages_bytes + decode_bytes),
-                             static_cast<int>(prefill.size()), stream_);
+                             static_cast<int>(prefill.size()), stream_, prefill_kernel_);
 }
 
 }  // namespace cuda

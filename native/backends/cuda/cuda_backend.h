@@ -130,11 +130,12 @@ class CudaBackend final : public Backend {
   void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows,
                       float* out) override;
 
-  // Test/benchmark controls: force a matmul path, an attention kernel, or a split count
-  // (0 = automatic) for the split-KV kernel.
+  // Test/benchmark controls: force a matmul path, an attention kernel, a split count (0 =
+  // automatic) for the split-KV kernel, or a block shape for the prefill kernel.
   void set_matmul_path(MatmulPath path) { matmul_path_ = path; }
   void set_attention_path(AttentionPath path) { attention_path_ = path; }
   void set_decode_splits(int splits) { forced_splits_ = splits; }
+  void set_prefill_kernel(PrefillKernelConfig config) { prefill_kernel_ = config; }
   bool cublas_available() const { return cublas_ != nullptr; }
   // Decode step graphs (cuda_step_graphs.cpp); on unless this is off or NINFER_CUDA_GRAPHS=0.
   void set_step_graphs(bool on) { step_graphs_ = on; }
@@ -201,6 +202,7 @@ class CudaBackend final : public Backend {
   MatmulPath matmul_path_ = MatmulPath::Auto;
   AttentionPath attention_path_ = AttentionPath::Auto;
   int forced_splits_ = 0;
+  PrefillKernelConfig prefill_kernel_;
   std::map<std::vector<int64_t>, bool> gemv_faster_;  // (m, k, rows...) -> the GEMV won the timing
 
   bool step_graphs_ = true;

@@ -1,29 +1,31 @@
-// Causal prefill attention over the paged cache on tensor cores (bf16 WMMA, f32 accumulate).
+// Causal prefill attention over the paged cache on tensor cores (FlashAttention-2 style).
 //
-// A block of 4 warps takes kPrefillBlockRows = 64 consecutive query rows of one slice and
-// one query head; each warp owns 16 rows. Keys are walked one 64-token page at a time
-// (FlashAttention-style online softmax): S = Q·K^T (tensor cores) -> per-row max/sum in f32
-// -> P (bf16) -> O += P·V (tensor cores, O kept in accumulator fragments across tiles).
-// WMMA accumulator layouts are opaque, so O cannot be rescaled per row in registers; the
-// kernel keeps a stale per-row max instead and rescales (through shared memory) only when a
-// row's max grows by more than kRescaleThreshold, so probabilities stay below e^8 and the
-// rescale is rare after the first tile.
+// A block takes one plan item (kPrefillBlockRows = 64 consecutive query rows of one slice) for
+// kHeads query heads that share a KV head, so each K/V page it loads serves all of them: 4
+// warps per head, 16 query rows per warp. Keys are walked one 64-token page at a time:
+//   S = Q·K^T      mma.sync m16n8k16 (bf16 in, f32 out), S stays in registers;
+//   online softmax on the accumulator fragments (exp2 with the scale folded into log2 e);
+//   O += P·V       P rounded to bf16 in registers: two adjacent C fragments of S are exactly
+//                  one A fragment of P, so scores never go through shared memory.
+// K/V pages arrive by cp.async, either single-buffered in FlashAttention-2 order (kStages = 1:
+// V of this page loads during Q·K^T, K of the next page during softmax and P·V) or double-
+// buffered (kStages = 2: the whole next page loads during this page's work). Shared tiles are
+// XOR-swizzled in 16-byte chunks so that ldmatrix and cp.async hit distinct banks.
 #pragma once
 
-#include <mma.h>
+#include <cuda_bf16.h>
 
-#include <cfloat>
+#include <cstdint>
 
 #include "backends/cuda/attention_plan.h"
 #include "backends/cuda/kernels_common.cuh"
 #include "backends/cuda/kernels_decode_attention.cuh"
+#include "backends/cuda/kernels_mma.cuh"
 
 namespace ninfer::cuda::kernels {
 
-inline constexpr int kPrefillWarps = 4;
-inline constexpr int kPrefillThreads = kPrefillWarps * 32;
 inline constexpr int kKeyTile = 64;  // one KV page
-inline constexpr float kRescaleThreshold = 8.0f;
+inline constexpr int kWarpsPerHead = kPrefillBlockRows / 16;
 
 struct PrefillParams {
   KvLayout kv;
@@ -32,166 +34,278 @@ struct PrefillParams {
   const float* q;
   float* out;
   int num_heads;
-  int group;
-  float scale;
+  int group;    // query heads per KV head
+  float scale;  // of the scores, before the softmax
 };
 
-// Shared-memory plan of the kernel for a head dim (padded rows against bank conflicts; every
-// WMMA tile pointer stays 32-byte aligned).
-template <int HD>
-struct PrefillSmem {
-  static constexpr int kQkvLd = HD + 8;          // bf16 elements per row of Q, K, V tiles
-  static constexpr int kSLd = kKeyTile + 4;       // f32 scores
-  static constexpr int kPLd = kKeyTile + 8;       // bf16 probabilities
-  static constexpr int kOLd = HD + 4;             // f32 output accumulator
-  static constexpr size_t kQBytes = size_t(kPrefillBlockRows) * kQkvLd * 2;
-  static constexpr size_t kKBytes = size_t(kKeyTile) * kQkvLd * 2;
-  static constexpr size_t kSBytes = size_t(kPrefillWarps) * 16 * kSLd * 4;
-  static constexpr size_t kPBytes = size_t(kPrefillWarps) * 16 * kPLd * 2;
-  static constexpr size_t kOBytes = size_t(kPrefillWarps) * 16 * kOLd * 4;
-  static constexpr size_t kRowBytes = size_t(kPrefillWarps) * 16 * 4;
-  static constexpr size_t kQ = 0, kK = kQ + kQBytes, kV = kK + kKBytes, kS = kV + kKBytes, kP = kS + kSBytes,
-                          kO = kP + kPBytes, kAlpha = kO + kOBytes, kL = kAlpha + kRowBytes, kTotal = kL + kRowBytes;
+template <int HD, int kHeads, int kStages>
+struct PrefillConfig {
+  static_assert(HD % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
+  static constexpr int kQRows = kPrefillBlockRows * kHeads;
+  static constexpr int kChunks = HD / 8;  // 16-byte chunks of a bf16 row
+  static constexpr uint32_t kRowBytes = HD * 2;
+  static constexpr uint32_t kTileBytes = kKeyTile * kRowBytes;
+  static constexpr uint32_t kQBytes = kQRows * kRowBytes;
+  static constexpr uint32_t kSmemBytes = kQBytes + 2 * kStages * kTileBytes;  // Q, then K and V per stage
+  // Resident warps an SM should hold (the register cap follows): 8 for head_dim 256 still
+  // leaves 255 registers a thread (the O accumulator alone takes 128); smaller ones fit 12.
+  static constexpr int kWarps = kWarpsPerHead * kHeads;
+  static constexpr int kTargetWarps = HD == 256 ? 8 : 12;
+  static constexpr int kMinBlocks = kTargetWarps / kWarps > 1 ? kTargetWarps / kWarps : 1;
+  static constexpr int kThreads = kWarps * 32;
 };
 
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of HD-element rows.
 template <int HD>
-__global__ void __launch_bounds__(kPrefillThreads) prefill_attention(const PrefillParams p) {
-  using namespace nvcuda;
-  using Smem = PrefillSmem<HD>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem + Smem::kQ);
-  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + Smem::kK);
-  __nv_bfloat16* v_s = reinterpret_cast<__nv_bfloat16*>(smem + Smem::kV);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* s_w = reinterpret_cast<float*>(smem + Smem::kS) + warp * 16 * Smem::kSLd;
-  __nv_bfloat16* p_w = reinterpret_cast<__nv_bfloat16*>(smem + Smem::kP) + warp * 16 * Smem::kPLd;
-  float* o_w = reinterpret_cast<float*>(smem + Smem::kO) + warp * 16 * Smem::kOLd;
-  float* alpha_w = reinterpret_cast<float*>(smem + Smem::kAlpha) + warp * 16;
-  float* l_w = reinterpret_cast<float*>(smem + Smem::kL) + warp * 16;
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * HD * 2 + ((chunk ^ (row & 7)) << 4));
+}
 
-  const PrefillItem item = p.items[blockIdx.x];
-  const int head = blockIdx.y;
-  const int kv_head = head / p.group;
-  const int last_pos = item.first_pos + item.num_rows - 1;  // the block sees keys [0, last_pos]
-
-  // Q tile -> bf16 (rows past the block's end are zero).
-  for (int idx = threadIdx.x; idx < kPrefillBlockRows * HD; idx += kPrefillThreads) {
-    const int r = idx / HD, d = idx % HD;
-    const float value = r < item.num_rows ? p.q[(static_cast<int64_t>(item.row + r) * p.num_heads + head) * HD + d] : 0.0f;
-    q_s[r * Smem::kQkvLd + d] = __float2bfloat16_rn(value);
+// Copies key rows [0, 64) of one page's K (which = 0) or V (1) for `kv_head` into a swizzled
+// tile; keys after `last_key` were never written (they could hold NaN) and are zero-filled.
+template <int HD, int kThreads>
+__device__ __forceinline__ void load_kv_tile(const PrefillParams& p, int32_t page, int which, int kv_head,
+                                             int last_key, uint32_t dst) {
+  // A pass of the block covers kKeysPerPass whole rows; a thread keeps its chunk in every pass.
+  constexpr int kChunks = HD / 8, kKeysPerPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kKeyTile % kKeysPerPass == 0);
+  const int first_key = static_cast<int>(threadIdx.x) / kChunks, chunk = static_cast<int>(threadIdx.x) % kChunks;
+  const int key_stride = p.kv.num_kv_heads * HD;
+  const uint16_t* src = kv_row(p.kv, page, which, 0, HD) + kv_head * HD + first_key * key_stride + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < kKeyTile / kKeysPerPass; ++i) {
+    const int key = first_key + i * kKeysPerPass;
+    cp_async_16(dst + swizzled_offset<HD>(key, chunk), src + i * kKeysPerPass * key_stride, key <= last_key);
   }
-  constexpr int kDn = HD / 16;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag[kDn];
-#pragma unroll
-  for (int dn = 0; dn < kDn; ++dn) wmma::fill_fragment(o_frag[dn], 0.0f);
+}
 
-  // This lane's softmax row and half of the 64 key columns.
-  const int my_row = lane >> 1, my_half = lane & 1;
-  const int my_pos = item.first_pos + warp * 16 + my_row;  // query position of that row
-  const bool row_valid = warp * 16 + my_row < item.num_rows;
-  float row_max = -FLT_MAX, row_sum = 0.0f;  // row_max: the (possibly stale) max P is relative to
-  const int warp_last_pos = min(last_pos, item.first_pos + warp * 16 + 15);
-
-  const int num_tiles = last_pos / kKeyTile + 1;
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    __syncthreads();  // previous tile's K/V fully consumed (and Q written on entry)
-    const int32_t page = p.pages[item.pages_offset + tile];
-    constexpr int kChunksPerRow = HD / 8;
-    for (int idx = threadIdx.x; idx < kKeyTile * kChunksPerRow; idx += kPrefillThreads) {
-      const int key = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-      uint4 kvec = make_uint4(0, 0, 0, 0), vvec = make_uint4(0, 0, 0, 0);
-      if (tile * kKeyTile + key <= last_pos) {  // never read slots nothing wrote (could be NaN)
-        kvec = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 0, key, HD) + kv_head * HD + chunk * 8);
-        vvec = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 1, key, HD) + kv_head * HD + chunk * 8);
-      }
-      *reinterpret_cast<uint4*>(k_s + key * Smem::kQkvLd + chunk * 8) = kvec;
-      *reinterpret_cast<uint4*>(v_s + key * Smem::kQkvLd + chunk * 8) = vvec;
-    }
-    __syncthreads();
-    if (tile * kKeyTile > warp_last_pos) continue;  // every key of this tile is after this warp's rows
-
-    {  // S = Q_w · K^T: 16 x 64 scores in four 16x16 tiles; each Q fragment serves all four.
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag[kKeyTile / 16];
-#pragma unroll
-      for (int n = 0; n < kKeyTile / 16; ++n) wmma::fill_fragment(s_frag[n], 0.0f);
+// The block's Q rows (kHeads heads x 64 rows, f32 in global memory) as a swizzled bf16 tile;
+// rows past the item's end are zero.
+template <int HD, int kHeads, int kThreads>
+__device__ __forceinline__ void load_q_tile(const PrefillParams& p, const PrefillItem& item, int first_head,
+                                            unsigned char* dst) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kPerThread = kPrefillBlockRows * kHeads * kChunks / kThreads;
 #pragma unroll 4
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::load_matrix_sync(a, q_s + warp * 16 * Smem::kQkvLd + kk * 16, Smem::kQkvLd);
-#pragma unroll
-        for (int n = 0; n < kKeyTile / 16; ++n) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-          wmma::load_matrix_sync(b, k_s + n * 16 * Smem::kQkvLd + kk * 16, Smem::kQkvLd);
-          wmma::mma_sync(s_frag[n], a, b, s_frag[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kKeyTile / 16; ++n)
-        wmma::store_matrix_sync(s_w + n * 16, s_frag[n], Smem::kSLd, wmma::mem_row_major);
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int q_row = idx / kChunks, chunk = idx % kChunks;
+    const int slot = q_row / kPrefillBlockRows, r = q_row % kPrefillBlockRows;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (r < item.num_rows) {
+      const auto* src = reinterpret_cast<const float4*>(
+          p.q + (static_cast<int64_t>(item.row + r) * p.num_heads + first_head + slot) * HD + chunk * 8);
+      const float4 lo = __ldg(src), hi = __ldg(src + 1);
+      packed = make_uint4(pack_bf16x2(lo.x, lo.y), pack_bf16x2(lo.z, lo.w), pack_bf16x2(hi.x, hi.y),
+                          pack_bf16x2(hi.z, hi.w));
     }
-    __syncwarp();
+    *reinterpret_cast<uint4*>(dst + swizzled_offset<HD>(q_row, chunk)) = packed;
+  }
+}
 
-    // Online softmax over this lane's 32 columns of its row; the two halves combine by shuffle.
-    float tile_max = -FLT_MAX;
-    const int col0 = my_half * 32;
-    for (int c = 0; c < 32; ++c) {
-      const int key_pos = tile * kKeyTile + col0 + c;
-      if (row_valid && key_pos <= my_pos) tile_max = fmaxf(tile_max, s_w[my_row * Smem::kSLd + col0 + c] * p.scale);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    // A row with no visible key keeps tile_max = -FLT_MAX and never asks for a rescale.
-    const bool grow = tile_max > row_max + kRescaleThreshold || (row_max == -FLT_MAX && tile_max > -FLT_MAX);
-    if (__any_sync(0xffffffffu, grow)) {  // rare after the first tile: rescale O through shared memory
-      const float new_max = grow ? tile_max : row_max;
-      const float alpha = grow ? expf(row_max - new_max) : 1.0f;
-      row_sum *= alpha;
-      row_max = new_max;
-      if (my_half == 0) alpha_w[my_row] = alpha;
+// s = Q_w · K^T for the warp's 16 rows and the 64 keys of the tile (8 C fragments of 8 keys).
+// q_addr/k_addr: the lane's ldmatrix addresses for head-dim steps kk % 4 (see the kernel).
+template <int HD>
+__device__ __forceinline__ void warp_scores(float (&s)[kKeyTile / 8][4], const uint32_t (&q_addr)[4],
+                                            const uint32_t (&k_addr)[4], uint32_t stage_offset) {
 #pragma unroll
-      for (int dn = 0; dn < kDn; ++dn) wmma::store_matrix_sync(o_w + dn * 16, o_frag[dn], Smem::kOLd, wmma::mem_row_major);
-      __syncwarp();
-      for (int idx = lane; idx < 16 * HD; idx += 32) o_w[(idx / HD) * Smem::kOLd + idx % HD] *= alpha_w[idx / HD];
-      __syncwarp();
+  for (int n = 0; n < kKeyTile / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  // Steps run over (head-dim step kk, key block nb); the K fragments of the next step load while
+  // this one multiplies, Q's of the next kk while its last key block does.
+  constexpr int kKeyBlocks = kKeyTile / 16, kSteps = HD / 16 * kKeyBlocks;
+  uint32_t a[2][4], b[2][4];
+  auto load_b = [&](int i) {
+    const int kk = i / kKeyBlocks, nb = i % kKeyBlocks;
+    ldmatrix_x4(b[i & 1], k_addr[kk & 3] + stage_offset + (kk >> 2) * 128 + nb * 16 * HD * 2);
+  };
+  auto load_a = [&](int kk) { ldmatrix_x4(a[kk & 1], q_addr[kk & 3] + (kk >> 2) * 128); };
+  load_a(0);
+  load_b(0);
 #pragma unroll
-      for (int dn = 0; dn < kDn; ++dn) wmma::load_matrix_sync(o_frag[dn], o_w + dn * 16, Smem::kOLd, wmma::mem_row_major);
-    }
-    float tile_sum = 0.0f;
-    for (int c = 0; c < 32; ++c) {
-      const int key_pos = tile * kKeyTile + col0 + c;
-      float prob = 0.0f;
-      if (row_valid && key_pos <= my_pos) prob = expf(s_w[my_row * Smem::kSLd + col0 + c] * p.scale - row_max);
-      const __nv_bfloat16 rounded = __float2bfloat16_rn(prob);
-      p_w[my_row * Smem::kPLd + col0 + c] = rounded;
-      tile_sum += __bfloat162float(rounded);  // the sum matches the weights P·V uses
-    }
-    tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
-    row_sum += tile_sum;
-    __syncwarp();
+  for (int i = 0; i < kSteps; ++i) {
+    const int kk = i / kKeyBlocks, nb = i % kKeyBlocks;
+    if (i + 1 < kSteps) load_b(i + 1);
+    if (nb == kKeyBlocks - 1 && kk + 1 < HD / 16) load_a(kk + 1);
+    mma_bf16_16816(s[2 * nb], a[kk & 1], b[i & 1][0], b[i & 1][1]);
+    mma_bf16_16816(s[2 * nb + 1], a[kk & 1], b[i & 1][2], b[i & 1][3]);
+  }
+}
 
-    // O += P · V; each P fragment serves every output column block.
+// o += P · V for the warp's 16 rows; p: P as A fragments of 16 keys each.
+template <int HD>
+__device__ __forceinline__ void warp_accumulate_pv(float (&o)[HD / 8][4], const uint32_t (&p)[kKeyTile / 16][4],
+                                                   const uint32_t (&v_addr)[4], uint32_t stage_offset) {
+  constexpr int kDSteps = HD / 16, kSteps = kKeyTile / 16 * kDSteps;
+  uint32_t b[2][4];
+  auto load = [&](int i, int buf) {
+    const int kb = i / kDSteps, dp = i % kDSteps;
+    ldmatrix_x4_trans(b[buf], v_addr[dp & 3] + stage_offset + (dp >> 2) * 128 + kb * 16 * HD * 2);
+  };
+  load(0, 0);
 #pragma unroll
-    for (int ks = 0; ks < kKeyTile / 16; ++ks) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-      wmma::load_matrix_sync(a, p_w + ks * 16, Smem::kPLd);
+  for (int i = 0; i < kSteps; ++i) {
+    if (i + 1 < kSteps) load(i + 1, (i + 1) & 1);
+    const int kb = i / kDSteps, dp = i % kDSteps;
+    mma_bf16_16816(o[2 * dp], p[kb], b[i & 1][0], b[i & 1][1]);
+    mma_bf16_16816(o[2 * dp + 1], p[kb], b[i & 1][2], b[i & 1][3]);
+  }
+}
+
+// grid: (num_heads / kHeads, items); items come longest first, so with heads varying fastest
+// the longest rows of every head start first.
+template <int HD, int kHeads, int kStages>
+__global__ void __launch_bounds__(PrefillConfig<HD, kHeads, kStages>::kThreads,
+                                  PrefillConfig<HD, kHeads, kStages>::kMinBlocks)
+    prefill_attention(const PrefillParams p) {
+  using Cfg = PrefillConfig<HD, kHeads, kStages>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t q_tile = shared_address(smem);
+  const uint32_t kv_tiles = q_tile + Cfg::kQBytes;  // stage s: K at 2s tiles, V at 2s + 1
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int head_slot = warp / kWarpsPerHead;
+  const int warp_row0 = (warp % kWarpsPerHead) * 16;  // the warp's first row within the item
+
+  const PrefillItem item = p.items[blockIdx.y];
+  const int first_head = static_cast<int>(blockIdx.x) * kHeads;
+  const int head = first_head + head_slot;
+  const int kv_head = first_head / p.group;
+  const int last_pos = item.first_pos + item.num_rows - 1;  // the block sees keys [0, last_pos]
+  const int num_tiles = last_pos / kKeyTile + 1;
+  const int warp_first_pos = item.first_pos + warp_row0;
+  const bool warp_has_rows = warp_row0 < item.num_rows;
+  const int warp_last_pos = min(warp_first_pos + 15, last_pos);
+
+  // ldmatrix addresses. Lane l addresses row l % 8 of matrix l / 8. Q (A operand) and V (B
+  // operand, transposed) take matrices {rows 0-7, 8-15} x {columns 0-7, 8-15}; K (B operand)
+  // takes {columns 0-7, 8-15} x {keys 0-7, 8-15}. Every row offset is a multiple of 8 plus
+  // lane % 8, so the lane's swizzle term is lane % 8, and head-dim steps kk and kk + 4 differ
+  // by 8 chunks (128 bytes): four addresses per operand cover all steps.
+  const int lane_row = lane & 7;
+  const int low_high = (lane >> 3) & 1, left_right = lane >> 4;
+  uint32_t q_addr[4], k_addr[4], v_addr[4];  // stage 0; stage s is 2 s tiles further
 #pragma unroll
-      for (int dn = 0; dn < kDn; ++dn) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-        wmma::load_matrix_sync(b, v_s + ks * 16 * Smem::kQkvLd + dn * 16, Smem::kQkvLd);
-        wmma::mma_sync(o_frag[dn], a, b, o_frag[dn]);
-      }
-    }
-    __syncwarp();
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t qv_chunk = ((2 * j + left_right) ^ lane_row) << 4;
+    const uint32_t k_chunk = ((2 * j + low_high) ^ lane_row) << 4;
+    q_addr[j] = q_tile + (head_slot * kPrefillBlockRows + warp_row0 + lane_row + 8 * low_high) * Cfg::kRowBytes +
+                qv_chunk;
+    k_addr[j] = kv_tiles + (lane_row + 8 * left_right) * Cfg::kRowBytes + k_chunk;
+    v_addr[j] = kv_tiles + Cfg::kTileBytes + (lane_row + 8 * low_high) * Cfg::kRowBytes + qv_chunk;
   }
 
+  auto load_kv = [&](int tile, int which, int stage) {
+    const int32_t page = p.pages[item.pages_offset + tile];
+    load_kv_tile<HD, Cfg::kThreads>(p, page, which, kv_head, last_pos - tile * kKeyTile,
+                                    kv_tiles + (2 * stage + which) * Cfg::kTileBytes);
+  };
+  load_kv(0, 0, 0);
+  if constexpr (kStages == 2) load_kv(0, 1, 0);
+  cp_async_commit();
+  load_q_tile<HD, kHeads, Cfg::kThreads>(p, item, first_head, smem);
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = p.scale * kLog2e;
+  const int g = lane >> 2, t = lane & 3;
+  float o[HD / 8][4];
 #pragma unroll
-  for (int dn = 0; dn < kDn; ++dn) wmma::store_matrix_sync(o_w + dn * 16, o_frag[dn], Smem::kOLd, wmma::mem_row_major);
-  if (my_half == 0) l_w[my_row] = row_sum;
-  __syncwarp();
-  for (int idx = lane; idx < 16 * HD; idx += 32) {
-    const int r = idx / HD, d = idx % HD;
-    if (warp * 16 + r < item.num_rows)
-      p.out[(static_cast<int64_t>(item.row + warp * 16 + r) * p.num_heads + head) * HD + d] =
-          o_w[r * Smem::kOLd + d] / l_w[r];
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  // Rows g and g + 8 of the warp: running max (in log2 units, scale applied) and this lane's
+  // share of the running sum (its 2 of every 8 columns; the quad's shares add up at the end).
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = kStages == 2 ? (tile & 1) : 0;
+    const uint32_t stage_offset = 2 * stage * Cfg::kTileBytes;
+    cp_async_wait<0>();
+    __syncthreads();  // this tile's K (and V) landed; every warp is done with the buffers reloaded next
+    if constexpr (kStages == 2) {
+      if (tile + 1 < num_tiles) {
+        load_kv(tile + 1, 0, stage ^ 1);
+        load_kv(tile + 1, 1, stage ^ 1);
+      }
+    } else {
+      load_kv(tile, 1, 0);
+    }
+    cp_async_commit();
+
+    const int tile_pos = tile * kKeyTile;
+    const bool active = warp_has_rows && tile_pos <= warp_last_pos;  // else every key is after its rows
+    float s[kKeyTile / 8][4];
+    if (active) warp_scores<HD>(s, q_addr, k_addr, stage_offset);
+    if constexpr (kStages == 1) {
+      cp_async_wait<0>();
+      __syncthreads();  // V landed; every warp is done with K
+      if (tile + 1 < num_tiles) load_kv(tile + 1, 0, 0);
+      cp_async_commit();
+    }
+    if (!active) continue;
+
+    if (tile_pos + kKeyTile - 1 > warp_first_pos) {  // a diagonal tile: hide keys after each row
+#pragma unroll
+      for (int n = 0; n < kKeyTile / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key_pos = tile_pos + n * 8 + 2 * t + (e & 1);
+          if (key_pos > warp_first_pos + g + 8 * (e >> 1)) s[n][e] = -INFINITY;
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kKeyTile / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[h], tile_max * scale_log2);
+      // Every row sees key 0 on its first tile, so new_max is finite; the guard keeps a row
+      // with no visible key at all (impossible today) from producing NaN.
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      alpha[h] = exp2_approx(row_max[h] - base);
+      row_max[h] = new_max;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kKeyTile / 8; ++n) {
+        s[n][2 * h] = exp2_approx(fmaf(s[n][2 * h], scale_log2, -base));
+        s[n][2 * h + 1] = exp2_approx(fmaf(s[n][2 * h + 1], scale_log2, -base));
+        sum += s[n][2 * h] + s[n][2 * h + 1];
+      }
+      row_sum[h] = row_sum[h] * alpha[h] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // a row's max grew
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+    }
+    uint32_t p_frag[kKeyTile / 16][4];
+#pragma unroll
+    for (int kb = 0; kb < kKeyTile / 16; ++kb) {
+      p_frag[kb][0] = pack_bf16x2(s[2 * kb][0], s[2 * kb][1]);
+      p_frag[kb][1] = pack_bf16x2(s[2 * kb][2], s[2 * kb][3]);
+      p_frag[kb][2] = pack_bf16x2(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+      p_frag[kb][3] = pack_bf16x2(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+    }
+    warp_accumulate_pv<HD>(o, p_frag, v_addr, stage_offset);
+  }
+  cp_async_wait<0>();  // nothing may be in flight when the block exits
+
+  if (!warp_has_rows) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = 1.0f / sum;
+    const int r = warp_row0 + g + 8 * h;
+    if (r >= item.num_rows) continue;
+    float* dst = p.out + (static_cast<int64_t>(item.row + r) * p.num_heads + head) * HD + 2 * t;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
   }
 }
 
