@@ -33,9 +33,8 @@ grep -iE "warning" "$out/build.log" | head -20
 source build/gpu/env.sh
 
 echo "== GPU tests"
-"$py" -m pytest -m gpu tests/test_cuda_ops.py tests/test_cuda_model.py \
-  tests/test_cuda_hybrid_ops.py tests/test_cuda_hybrid_model.py tests/test_cuda_graphs.py \
-  tests/test_server_hybrid_engine.py -q -rs -s -p no:cacheprovider \
+# Every gpu-marked test: the CUDA op/model files and the server over a CUDA engine.
+"$py" -m pytest -m gpu tests/test_cuda_*.py tests/test_server_hybrid_engine.py -q -rs -s -p no:cacheprovider \
   -o addopts="" 2>&1 | tee "$out/tests.log" | grep -vE "^$" | tail -60
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
