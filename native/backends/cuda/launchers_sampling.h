@@ -1,0 +1,26 @@
+// Host entry point of the sampling kernel (kernels_sampling.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/row_sampling.h"
+
+namespace ninfer::cuda {
+
+// Device pointers of one sample_rows call (SamplingBatch's arrays, uploaded).
+struct SampleRowsArgs {
+  float* logits = nullptr;  // [rows, vocab], scratch: penalised, then overwritten by weights
+  int64_t vocab = 0;
+  const RowSampling* rows = nullptr;
+  const int32_t* penalty_tokens = nullptr;  // distinct tokens within a row
+  const int32_t* penalty_counts = nullptr;
+  const int32_t* suppressed = nullptr;
+  int32_t* ids = nullptr;  // [rows]: the chosen token, or kSampledNaN / kSampledNothing
+};
+
+// One block per row: ids[r] = the Sampler's choice for rows[r] (engine/sampler.h).
+void launch_sample_rows(const SampleRowsArgs& args, int rows, cudaStream_t stream);
+
+}  // namespace ninfer::cuda
