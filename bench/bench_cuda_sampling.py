@@ -2,7 +2,8 @@
 
 For 1, 8 and 16 logit rows of 248,320 and a few sampling settings: the median time of
 CudaBackend::sample_rows (upload of the rows, the kernel, download of the ids, one wait; a
-device-side refresh of the logits before each call is included and reported alone), against
+device-side refresh of the logits before each call is subtracted), with each row on a cluster
+of 8 blocks (the default at this vocabulary) and on a single block, against
 today's per-step cost: copying every row's logits to pageable host memory plus the host
 Sampler on each row (summed over rows; the engine spreads rows over up to 8 threads, so its
 wall time is nearer copy + sum/min(rows, 8)). Logits are N(0, 2) with a few peaked tokens.
@@ -41,9 +42,10 @@ def main() -> int:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     sampler = _core.CudaSampler(0)
+    single = _core.CudaSampler(0, cluster_blocks=1)
     print(f"vocab {VOCAB}; medians of {args.iters} calls, ms")
-    print("| rows | setting | device sample | (refresh) | today: copy | today: host sample (sum) |"
-          " today est. | speedup |")
+    print("| rows | setting | device (8 blocks/row) | device (1 block/row) | today: copy |"
+          " today: host sample (sum) | today est. | speedup |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for rows in (1, 8, 16):
         logits = logits_for(rows, rng)
@@ -56,9 +58,11 @@ def main() -> int:
                     row["penalties"] = {int(t): int(rng.integers(1, 4)) for t in tokens}
                 batch.append(row)
             t = sampler.time(logits, batch, args.iters)
+            one = single.time(logits, batch, args.iters, host_path=False)
             device = t["device_ms"] - t["refresh_ms"]
+            device_one = one["device_ms"] - one["refresh_ms"]
             today = t["copy_ms"] + t["host_sample_ms"] / min(rows, 8)
-            print(f"| {rows} | {name} | {device:.3f} | {t['refresh_ms']:.3f} | {t['copy_ms']:.3f} |"
+            print(f"| {rows} | {name} | {device:.3f} | {device_one:.3f} | {t['copy_ms']:.3f} |"
                   f" {t['host_sample_ms']:.3f} | {today:.3f} | {today / max(device, 1e-9):.1f}x |")
     return 0
 

@@ -32,6 +32,12 @@ def sampler():
     return _core.CudaSampler(0)
 
 
+@pytest.fixture(scope="module")
+def samplers():
+    """Every cluster size: rows split over 1, 2, 4 or 8 blocks (slices may be empty)."""
+    return {blocks: _core.CudaSampler(0, cluster_blocks=blocks) for blocks in (1, 2, 4, 8)}
+
+
 def _compare(sampler, logits: np.ndarray, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     host = _core.sample_rows_host(logits, rows)
     device = sampler.sample_rows(logits, rows)
@@ -45,8 +51,10 @@ def _report(host, device, rows) -> str:
     return "; ".join(f"row {i}: host {host[i]} device {device[i]} {rows[i]}" for i in bad)
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 4, 8])
 @pytest.mark.parametrize("vocab,count", [(7, 600), (1000, 600), (QWEN_VOCAB, 48)])
-def test_random_rows_agree_with_the_host(sampler, vocab, count):
+def test_random_rows_agree_with_the_host(samplers, blocks, vocab, count):
+    sampler = samplers[blocks]
     rng = np.random.default_rng(vocab)
     rows = [random_row(rng, vocab) for _ in range(count)]
     scale = rng.choice([0.5, 2.0, 6.0], size=(count, 1))
@@ -59,8 +67,10 @@ def test_random_rows_agree_with_the_host(sampler, vocab, count):
     assert np.array_equal(host[exact], device[exact]), _report(host, device, rows)
 
 
+@pytest.mark.parametrize("blocks", [1, 8])
 @pytest.mark.parametrize("vocab", [7, 1000, QWEN_VOCAB])
-def test_ties_go_to_the_lower_id(sampler, vocab):
+def test_ties_go_to_the_lower_id(samplers, blocks, vocab):
+    sampler = samplers[blocks]
     # Four distinct logits: most tokens tie with thousands of others.
     rng = np.random.default_rng(vocab + 1)
     count = 64 if vocab == QWEN_VOCAB else 400
@@ -84,8 +94,10 @@ def _draw_edges(heads: np.ndarray, ids: np.ndarray, top_k: int, top_p: float) ->
     return np.concatenate([[0.0], np.cumsum(w)]) / w.sum()
 
 
+@pytest.mark.parametrize("blocks", [1, 8])
 @pytest.mark.parametrize("vocab", [1000, QWEN_VOCAB])
-def test_well_separated_rows_agree_exactly(sampler, vocab):
+def test_well_separated_rows_agree_exactly(samplers, blocks, vocab):
+    sampler = samplers[blocks]
     rng = np.random.default_rng(11)
     count = 64
     logits = np.full((count, vocab), -30.0, np.float32)
@@ -110,7 +122,9 @@ def test_well_separated_rows_agree_exactly(sampler, vocab):
     assert np.array_equal(host, device), _report(host, device, rows)
 
 
-def test_errors_become_codes(sampler):
+@pytest.mark.parametrize("blocks", [1, 4])
+def test_errors_become_codes(samplers, blocks):
+    sampler = samplers[blocks]
     vocab = 1000
     logits = np.random.default_rng(2).normal(0, 1, (6, vocab)).astype(np.float32)
     logits[0, 500] = np.nan
@@ -131,7 +145,9 @@ def test_errors_become_codes(sampler):
     assert np.array_equal(host, device)
 
 
-def test_penalties_and_suppression(sampler):
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_penalties_and_suppression(samplers, blocks):
+    sampler = samplers[blocks]
     vocab = 50
     rng = np.random.default_rng(8)
     logits = np.tile(rng.normal(0, 1, vocab).astype(np.float32), (200, 1))

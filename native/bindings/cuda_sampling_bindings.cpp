@@ -30,7 +30,7 @@ double median(std::vector<double> v) {
 
 class CudaSampler {
  public:
-  explicit CudaSampler(int device) : backend_(device) {}
+  CudaSampler(int device, int cluster_blocks) : backend_(device) { backend_.set_sample_cluster_blocks(cluster_blocks); }
 
   py::array_t<int32_t> sample_rows(const Logits& logits, const py::list& rows) {
     const SamplingBatch batch = sampling_batch_from(rows);
@@ -48,7 +48,7 @@ class CudaSampler {
   // Median milliseconds over `iters` calls of: device sampling (a fresh copy of the logits on
   // the device, then sample_rows), that device-side copy alone, and today's host path: copying
   // the logits to pageable host memory, then sampling every row on the host (sum over rows).
-  py::dict time(const Logits& logits, const py::list& rows, int iters) {
+  py::dict time(const Logits& logits, const py::list& rows, int iters, bool host_path) {
     const SamplingBatch batch = sampling_batch_from(rows);
     const int64_t vocab = check(logits, batch);
     const int64_t n = logits.size();
@@ -72,6 +72,13 @@ class CudaSampler {
         backend_.copy(work.data(), pristine.data(), n);
         backend_.sample_rows(work.data(), vocab, batch, ids.data());
         auto t2 = Clock::now();
+        if (!host_path) {
+          if (keep) {
+            refresh_ms.push_back(ms(t0, t1));
+            device_ms.push_back(ms(t1, t2));
+          }
+          continue;
+        }
         backend_.copy_to_host(host.data(), pristine.data(), n);
         auto t3 = Clock::now();
         for (size_t r = 0; r < batch.rows.size(); ++r)
@@ -107,12 +114,15 @@ class CudaSampler {
 
 void bind_cuda_sampling(py::module_& m) {
   py::class_<CudaSampler>(m, "CudaSampler", "The CUDA backend's sample_rows on numpy logits (tests, benchmarks).")
-      .def(py::init<int>(), py::arg("device") = 0)
+      .def(py::init<int, int>(), py::arg("device") = 0, py::arg("cluster_blocks") = 0,
+           "cluster_blocks: blocks per row (1, 2, 4, 8; 0 = by vocabulary size).")
       .def("sample_rows", &CudaSampler::sample_rows, py::arg("logits"), py::arg("rows"),
            "ids chosen on the device (rows as for sample_rows_host).")
       .def("time", &CudaSampler::time, py::arg("logits"), py::arg("rows"), py::arg("iters") = 20,
+           py::arg("host_path") = true,
            "Median ms: device_ms (sample_rows incl. a device-side logits refresh), refresh_ms (that refresh "
-           "alone), copy_ms (logits to pageable host memory), host_sample_ms (host sampling, all rows).");
+           "alone), copy_ms (logits to pageable host memory), host_sample_ms (host sampling, all rows; both 0 "
+           "unless host_path).");
 }
 #else
 void bind_cuda_sampling(py::module_&) {}

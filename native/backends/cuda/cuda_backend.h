@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
   bool cublas_available() const { return cublas_ != nullptr; }
   // Decode step graphs (cuda_step_graphs.cpp); on unless this is off or NINFER_CUDA_GRAPHS=0.
   void set_step_graphs(bool on) { step_graphs_ = on; }
+  // Blocks per row of the sampling kernel: 1, 2, 4 or 8; 0 = by vocabulary size.
+  void set_sample_cluster_blocks(int blocks) { sample_cluster_blocks_ = blocks; }
 
  private:
   void activate() const;
@@ -205,6 +207,7 @@ class CudaBackend final : public Backend {
   MetadataSlot gdn_seqs_, moe_plan_;
   // sample_rows: the packed batch and the ids, staged in pinned memory and mirrored on the device
   GrowingBuffer sampling_host_{GrowingBuffer::Where::PinnedHost}, sampling_device_{GrowingBuffer::Where::Device};
+  int sample_cluster_blocks_ = 0;
 
   MatmulPath matmul_path_ = MatmulPath::Auto;
   AttentionPath attention_path_ = AttentionPath::Auto;

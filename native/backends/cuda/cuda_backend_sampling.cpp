@@ -60,7 +60,8 @@ void CudaBackend::sample_rows(float* logits, int64_t vocab, const SamplingBatch&
   args.penalty_counts = reinterpret_cast<const int32_t*>(device + layout.penalty_counts);
   args.suppressed = reinterpret_cast<const int32_t*>(device + layout.suppressed);
   args.ids = reinterpret_cast<int32_t*>(device + layout.ids);
-  launch_sample_rows(args, rows, stream_);
+  launch_sample_rows(args, rows, sample_cluster_blocks_ > 0 ? sample_cluster_blocks_ : sample_cluster_blocks(vocab),
+                     stream_);
 
   NINFER_CUDA_CHECK(cudaMemcpyAsync(host + layout.ids, device + layout.ids, static_cast<size_t>(rows) * sizeof(int32_t),
                                     cudaMemcpyDeviceToHost, stream_));

@@ -20,7 +20,11 @@ struct SampleRowsArgs {
   int32_t* ids = nullptr;  // [rows]: the chosen token, or kSampledNaN / kSampledNothing
 };
 
-// One block per row: ids[r] = the Sampler's choice for rows[r] (engine/sampler.h).
-void launch_sample_rows(const SampleRowsArgs& args, int rows, cudaStream_t stream);
+// The thread-block cluster size (blocks per row) for rows of `vocab` logits: 1, 2, 4 or 8.
+int sample_cluster_blocks(int64_t vocab);
+
+// One cluster of `cluster_blocks` blocks per row: ids[r] = the Sampler's choice for rows[r]
+// (engine/sampler.h). Needs thread-block clusters (sm_90).
+void launch_sample_rows(const SampleRowsArgs& args, int rows, int cluster_blocks, cudaStream_t stream);
 
 }  // namespace ninfer::cuda
