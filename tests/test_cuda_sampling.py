@@ -262,3 +262,32 @@ def test_engine_device_sampling_matches_host_sampling(artifact, monkeypatch):
     device = _generate(artifact, True)
     assert sum(map(len, host)) > 100
     assert device == host
+
+
+def test_model_steps_sample_what_the_host_would(artifact, monkeypatch):
+    """Two runners on one artifact run the same batched steps; one returns logits (sampled here
+    by the host reference), the other samples on the device: the ids must match."""
+    monkeypatch.setenv("NINFER_CUDA_MATMUL", "gemv")
+    lanes = 3
+    runners = [
+        _core.ModelRunner(str(artifact), max_lanes=lanes, max_batch_tokens=256, max_context=512,
+                          device="cuda")
+        for _ in range(2)
+    ]
+    rng = np.random.default_rng(12)
+    prompts = [rng.integers(0, E2E_VOCAB, 20 + 7 * lane).tolist() for lane in range(lanes)]
+    for runner in runners:
+        runner.forward_batch([(lane, 0, ids) for lane, ids in enumerate(prompts)])
+    pos = [len(ids) for ids in prompts]
+    last = [ids[-1] for ids in prompts]
+    agree = 0
+    for _ in range(24):
+        step = [(lane, pos[lane], [last[lane]]) for lane in range(lanes)]
+        rows = [random_row(rng, E2E_VOCAB) for _ in range(lanes)]
+        host = _core.sample_rows_host(runners[0].forward_batch(step), rows)
+        device = runners[1].forward_batch_sampled(step, rows)
+        agree += int(np.sum(host == device))
+        assert np.all(host >= 0)
+        pos = [p + 1 for p in pos]
+        last = host.tolist()  # both runners continue from the same tokens
+    assert agree >= 24 * lanes - 1, f"{agree} of {24 * lanes} rows agree"
