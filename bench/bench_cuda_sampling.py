@@ -43,10 +43,11 @@ def main() -> int:
     rng = np.random.default_rng(0)
     sampler = _core.CudaSampler(0)
     single = _core.CudaSampler(0, cluster_blocks=1)
+    wide = _core.CudaSampler(0, cluster_blocks=16)  # non-portable: may not launch
     print(f"vocab {VOCAB}; medians of {args.iters} calls, ms")
-    print("| rows | setting | device (8 blocks/row) | device (1 block/row) | today: copy |"
+    print("| rows | setting | device (8 blocks/row) | 1 block/row | 16 blocks/row | today: copy |"
           " today: host sample (sum) | today est. | speedup |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for rows in (1, 8, 16):
         logits = logits_for(rows, rng)
         for name, setting in SETTINGS.items():
@@ -59,10 +60,16 @@ def main() -> int:
                 batch.append(row)
             t = sampler.time(logits, batch, args.iters)
             one = single.time(logits, batch, args.iters, host_path=False)
+            try:
+                w = wide.time(logits, batch, args.iters, host_path=False)
+                device_wide = f"{w['device_ms'] - w['refresh_ms']:.3f}"
+            except RuntimeError as e:
+                device_wide = f"n/a ({str(e)[:40]})"
             device = t["device_ms"] - t["refresh_ms"]
             device_one = one["device_ms"] - one["refresh_ms"]
             today = t["copy_ms"] + t["host_sample_ms"] / min(rows, 8)
-            print(f"| {rows} | {name} | {device:.3f} | {device_one:.3f} | {t['copy_ms']:.3f} |"
+            print(f"| {rows} | {name} | {device:.3f} | {device_one:.3f} | {device_wide} |"
+                  f" {t['copy_ms']:.3f} |"
                   f" {t['host_sample_ms']:.3f} | {today:.3f} | {today / max(device, 1e-9):.1f}x |")
     return 0
 

@@ -55,6 +55,24 @@ def test_the_draw_scans_in_id_order_without_top_p_and_by_probability_with_it():
         assert with_draw(logits, row) == _first_crossing(weights, ids, u)
 
 
+def test_a_large_kept_set_is_drawn_most_probable_first():
+    # top_p keeps ~16k tokens, past the Sampler's sorted heads: the draw order stays defined.
+    vocab = 20000
+    ids = np.random.default_rng(9).permutation(vocab)
+    logits = np.empty(vocab, np.float32)
+    logits[ids] = -np.arange(vocab, dtype=np.float32) * np.float32(1e-4)  # ids[0] most probable
+    cumulative = np.cumsum(np.exp(logits[ids].astype(np.float64) - logits.max()))
+    kept = int(np.searchsorted(cumulative, 0.9 * cumulative[-1])) + 1
+    assert kept > 10000
+    rank = {int(token): k for k, token in enumerate(ids[:kept])}
+    for u in np.random.default_rng(10).random(40):
+        token = with_draw(logits, {"temperature": 1.0, "top_p": 0.9, "uniform": float(u)})
+        k = rank[token]
+        target = u * cumulative[kept - 1]
+        below = cumulative[k - 1] if k else 0.0
+        assert below - 1e-2 <= target <= cumulative[k] + 1e-2, (k, target, below, cumulative[k])
+
+
 def test_error_codes_match_the_sampler_errors():
     rows = [
         {"temperature": 0.7, "uniform": 0.5},

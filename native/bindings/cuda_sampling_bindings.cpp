@@ -115,7 +115,7 @@ class CudaSampler {
 void bind_cuda_sampling(py::module_& m) {
   py::class_<CudaSampler>(m, "CudaSampler", "The CUDA backend's sample_rows on numpy logits (tests, benchmarks).")
       .def(py::init<int, int>(), py::arg("device") = 0, py::arg("cluster_blocks") = 0,
-           "cluster_blocks: blocks per row (1, 2, 4, 8; 0 = by vocabulary size).")
+           "cluster_blocks: blocks per row (1, 2, 4, 8, 16; 0 = by vocabulary size).")
       .def("sample_rows", &CudaSampler::sample_rows, py::arg("logits"), py::arg("rows"),
            "ids chosen on the device (rows as for sample_rows_host).")
       .def("time", &CudaSampler::time, py::arg("logits"), py::arg("rows"), py::arg("iters") = 20,

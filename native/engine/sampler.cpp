@@ -134,7 +134,9 @@ void Sampler::keep_top_p() {
     }
   }
   // A flat tail: bisect the rest with selections (linear time overall). Invariant: [0, lo)
-  // are the lo most probable candidates, and the cut lies in [lo, hi).
+  // are the lo most probable candidates (in order up to `ordered`), and the cut lies in
+  // [lo, hi).
+  const size_t ordered = lo;
   size_t hi = candidates_.size();
   while (hi - lo > kFirstHead) {
     const size_t mid = lo + (hi - lo) / 2;
@@ -149,11 +151,17 @@ void Sampler::keep_top_p() {
     }
   }
   std::sort(at(lo), at(hi), MoreProbable{});
+  // The draw scans the kept set most probable first: order what the selections left unordered
+  // (a cost only the flat case pays, where the kept set outgrows the sorted heads).
   for (size_t i = lo; i < hi; ++i) {
     below_lo += candidates_[i].weight;
-    if (below_lo >= target) return keep_through(i);
+    if (below_lo >= target) {
+      std::sort(at(ordered), at(lo), MoreProbable{});
+      return keep_through(i);
+    }
   }
   // Rounding left the target just out of reach: every candidate stays.
+  std::sort(at(ordered), candidates_.end(), MoreProbable{});
 }
 
 void Sampler::keep_min_p() {

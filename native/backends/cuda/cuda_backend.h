@@ -144,7 +144,7 @@ class CudaBackend final : public Backend {
   bool cublas_available() const { return cublas_ != nullptr; }
   // Decode step graphs (cuda_step_graphs.cpp); on unless this is off or NINFER_CUDA_GRAPHS=0.
   void set_step_graphs(bool on) { step_graphs_ = on; }
-  // Blocks per row of the sampling kernel: 1, 2, 4 or 8; 0 = by vocabulary size.
+  // Blocks per row of the sampling kernel: 1, 2, 4, 8 or 16; 0 = by vocabulary size.
   void set_sample_cluster_blocks(int blocks) { sample_cluster_blocks_ = blocks; }
 
  private:

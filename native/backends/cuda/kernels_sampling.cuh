@@ -12,9 +12,11 @@
 // row per 8-bit digit builds a histogram of counts and masses of the elements that share the
 // prefix found so far, and one warp picks the digit where the running sum crosses the target.
 // The search stops as soon as that digit holds one element (or, for >=, when the sum lands on
-// the target exactly), so a few passes usually settle it. Masses are summed in double, in an
-// order that differs from the Sampler's sequential sums only by rounding. Every block of a
-// cluster merges the same histograms in the same order, so all of them take the same decision.
+// the target exactly), so a few passes usually settle it. Masses are summed as integers in
+// units of 2^-32 (a weight is at most 1, a row's mass below 2^50): native shared atomics, sums
+// exact in any order and in double, so every block of a cluster takes the same decision and a
+// row's result does not depend on scheduling. They differ from the Sampler's double sums by at
+// most 2^-33 per element.
 //
 // Arithmetic that decides membership is the Sampler's, rounded the same way: penalties and
 // the temperature scaling use explicitly rounded float ops (no contraction into FMAs), and the
@@ -39,14 +41,15 @@ inline constexpr int kSampleThreads = 512;
 inline constexpr int kSampleWarps = kSampleThreads / 32;
 inline constexpr int kSampleDigitBits = 8;
 inline constexpr int kSampleBuckets = 1 << kSampleDigitBits;
-inline constexpr int kSampleHistCopies = 4;  // warps spread their atomics over this many histograms
+inline constexpr int kSampleHistCopies = 8;  // warps spread their atomics over this many histograms
+inline constexpr double kSampleMassUnit = 4294967296.0;  // masses are counted in units of 2^-32
 
 struct SampleShared {
   unsigned int count[kSampleHistCopies][kSampleBuckets];  // copy 0 ends up holding the block's sum
-  double mass[kSampleHistCopies][kSampleBuckets];
+  unsigned long long mass[kSampleHistCopies][kSampleBuckets];
   int id[kSampleHistCopies][kSampleBuckets];
   unsigned int merged_count[kSampleBuckets];  // the cluster's histogram
-  double merged_mass[kSampleBuckets];
+  unsigned long long merged_mass[kSampleBuckets];
   int merged_id[kSampleBuckets];
   float warp_best[kSampleWarps];
   int warp_best_id[kSampleWarps];
@@ -161,7 +164,8 @@ __device__ __forceinline__ void sample_transform(float* row, const SampleSlice& 
 // Finds the first element, in descending key order among the elements `element` admits, whose
 // running mass reaches `target` (>=, or > when strict); target = fraction · (total admitted
 // mass) when relative. Falls back to the last element when rounding leaves the target out of
-// reach. element(i, value, key, mass) -> bool. Every thread of the cluster calls it.
+// reach. element(i, value, key, mass) -> bool, mass in [0, 1]. Every thread of the cluster
+// calls it.
 template <typename Element>
 __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const SampleSlice& slice, int key_bits,
                                      Element element, double target_value, bool relative, bool strict) {
@@ -170,7 +174,8 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
   const int copy = (tid >> 5) % kSampleHistCopies;
   unsigned long long prefix = 0;
   int shift = key_bits;
-  double above = 0.0, target = target_value;  // warp 0's copies
+  // warp 0's copies, in mass units (integers below 2^53: exact in double)
+  double above = 0.0, target = relative ? target_value : target_value * kSampleMassUnit;
   bool first_pass = true;
   for (;;) {
     const int bits = min(kSampleDigitBits, shift);
@@ -178,7 +183,7 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
     const unsigned int digit_mask = (1u << bits) - 1u;
     for (int j = tid; j < kSampleHistCopies * kSampleBuckets; j += blockDim.x) {
       (&sh.count[0][0])[j] = 0;
-      (&sh.mass[0][0])[j] = 0.0;
+      (&sh.mass[0][0])[j] = 0;
       (&sh.id[0][0])[j] = -1;
     }
     __syncthreads();
@@ -186,7 +191,7 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
     // bucket, and shared atomics on one address serialise.
     int run_digit = -1, run_id = -1;
     unsigned int run_count = 0;
-    double run_mass = 0.0;
+    unsigned long long run_mass = 0;
     auto flush = [&] {
       if (run_count == 0) return;
       atomicAdd(&sh.count[copy][run_digit], run_count);
@@ -203,10 +208,10 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
         flush();
         run_digit = d;
         run_count = 0;
-        run_mass = 0.0;
+        run_mass = 0;
       }
       ++run_count;
-      run_mass += m;
+      run_mass += __double2ull_rn(m * kSampleMassUnit);
       run_id = static_cast<int>(i);
     });
     flush();
@@ -222,7 +227,7 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
     cluster.sync();  // every block's histogram is complete
     for (int d = tid; d < kSampleBuckets; d += blockDim.x) {
       unsigned int c = 0;
-      double m = 0.0;
+      unsigned long long m = 0;
       int id = -1;
       for (unsigned int r = 0; r < cluster.num_blocks(); ++r) {  // rank order: the same sums everywhere
         c += cluster.map_shared_rank(&sh.count[0][0], r)[d];
@@ -239,7 +244,8 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
       constexpr int kPerLane = kSampleBuckets / 32;
       double lane_mass = 0.0;
 #pragma unroll
-      for (int b = 0; b < kPerLane; ++b) lane_mass += sh.merged_mass[kSampleBuckets - 1 - (lane * kPerLane + b)];
+      for (int b = 0; b < kPerLane; ++b)
+        lane_mass += static_cast<double>(sh.merged_mass[kSampleBuckets - 1 - (lane * kPerLane + b)]);
       double inclusive = lane_mass;
 #pragma unroll
       for (int offset = 1; offset < 32; offset <<= 1) {
@@ -255,7 +261,7 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
       for (int b = 0; b < kPerLane; ++b) {
         const int d = kSampleBuckets - 1 - (lane * kPerLane + b);
         if (sh.merged_count[d] == 0) continue;
-        const double through = running + sh.merged_mass[d];
+        const double through = running + static_cast<double>(sh.merged_mass[d]);
         if (hit < 0 && (strict ? through > target : through >= target)) {
           hit = d;
           hit_above = running;
@@ -278,7 +284,8 @@ __device__ SampleCut sample_find_cut(SampleShared& sh, const float* row, const S
         } else {
           const double bucket_above = hits ? hit_above : last_above;
           const unsigned int c = sh.merged_count[d];
-          const bool lands_exactly = !strict && hits && bucket_above + sh.merged_mass[d] == target;
+          const bool lands_exactly =
+              !strict && hits && bucket_above + static_cast<double>(sh.merged_mass[d]) == target;
           sh.prefix = (shift >= 64 ? 0ull : prefix << bits) | static_cast<unsigned long long>(d);
           sh.shift = next_shift;
           sh.above = bucket_above;

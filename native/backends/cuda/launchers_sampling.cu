@@ -19,9 +19,12 @@ int sample_cluster_blocks(int64_t vocab) {
 
 void launch_sample_rows(const SampleRowsArgs& args, int rows, int cluster_blocks, cudaStream_t stream) {
   if (rows <= 0) return;
-  if (cluster_blocks < 1 || cluster_blocks > 8 || (cluster_blocks & (cluster_blocks - 1)) != 0)
-    throw std::invalid_argument("sample_rows: cluster size must be 1, 2, 4 or 8, got " +
+  if (cluster_blocks < 1 || cluster_blocks > 16 || (cluster_blocks & (cluster_blocks - 1)) != 0)
+    throw std::invalid_argument("sample_rows: cluster size must be 1, 2, 4, 8 or 16, got " +
                                 std::to_string(cluster_blocks));
+  if (cluster_blocks > 8)  // beyond the portable size: the device may refuse to launch it
+    NINFER_CUDA_CHECK(
+        cudaFuncSetAttribute(kernels::sample_rows_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned int>(rows * cluster_blocks));
   config.blockDim = dim3(kernels::kSampleThreads);
@@ -33,7 +36,11 @@ void launch_sample_rows(const SampleRowsArgs& args, int rows, int cluster_blocks
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  NINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::sample_rows_kernel, args));
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernels::sample_rows_kernel, args);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // a refused launch must not surface at the next kernel's check
+    throw_cuda_error(err, "cudaLaunchKernelEx(sample_rows_kernel)", __FILE__, __LINE__);
+  }
 }
 
 }  // namespace ninfer::cuda

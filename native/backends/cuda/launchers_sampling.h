@@ -24,7 +24,7 @@ struct SampleRowsArgs {
 int sample_cluster_blocks(int64_t vocab);
 
 // One cluster of `cluster_blocks` blocks per row: ids[r] = the Sampler's choice for rows[r]
-// (engine/sampler.h). Needs thread-block clusters (sm_90).
+// (engine/sampler.h). Needs thread-block clusters (sm_90); 16 is beyond the portable size.
 void launch_sample_rows(const SampleRowsArgs& args, int rows, int cluster_blocks, cudaStream_t stream);
 
 }  // namespace ninfer::cuda
