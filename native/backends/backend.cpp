@@ -36,6 +36,7 @@ void Backend::moe_experts(const float*, int64_t, int64_t, const float*, const Mo
 void Backend::concat_columns(const float*, int64_t, const float*, int64_t, int64_t, float*) {
   not_implemented(*this, "concat_columns");
 }
+void Backend::sample_rows(float*, int64_t, const SamplingBatch&, int32_t*) { not_implemented(*this, "sample_rows"); }
 
 #ifndef NINFER_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/row_sampling.h"
 
 namespace ninfer {
 
@@ -246,6 +247,15 @@ class Backend {
   // out[r, :] = [a[r, :] | b[r, :]] ([rows, a_cols + b_cols]; the MTP head's fc input).
   virtual void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols,
                               int64_t rows, float* out);
+
+  // --- sampling on the device (common/row_sampling.h) ---------------------------------------
+  // Whether sample_rows is implemented; the default throws.
+  virtual bool samples_on_device() const { return false; }
+  // ids[r] (host memory) = the token the engine's Sampler picks from logits[r, :] with
+  // batch.rows[r] and its draw, or kSampledNaN / kSampledNothing where the Sampler would throw,
+  // for r < batch.rows.size(). logits [rows, vocab] is scratch. Returns once ids are written
+  // (after every op enqueued before it).
+  virtual void sample_rows(float* logits, int64_t vocab, const SamplingBatch& batch, int32_t* ids);
 };
 
 // The CPU backend; threads = 0 uses every core.

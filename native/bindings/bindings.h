@@ -3,6 +3,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "common/row_sampling.h"
+
 namespace ninfer::bindings {
 
 void bind_artifact(pybind11::module_& m);  // artifact_bindings.cpp
@@ -12,5 +14,9 @@ void bind_engine(pybind11::module_& m);    // engine_bindings.cpp
 void bind_hybrid_ops(pybind11::module_& m);  // hybrid_ops_bindings.cpp (GDN, gated attn, MoE)
 void bind_cuda(pybind11::module_& m);      // cuda_bindings.cpp (CUDA ops, for tests)
 void bind_cuda_hybrid(pybind11::module_& m);  // cuda_hybrid_bindings.cpp (called by bind_cuda)
+void bind_sampling(pybind11::module_& m);   // sampling_bindings.cpp (called by bind_engine)
+void bind_cuda_sampling(pybind11::module_& m);  // cuda_sampling_bindings.cpp (called by bind_sampling)
+// A SamplingBatch from a list of row dicts (see _core.sample_rows_host).
+SamplingBatch sampling_batch_from(const pybind11::list& rows);  // sampling_bindings.cpp
 
 }  // namespace ninfer::bindings

@@ -131,8 +131,9 @@ SamplingParams make_sampling(float temperature, float top_p, int32_t top_k, floa
 }
 
 EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t prefill_chunk, int32_t max_pending,
-                           int64_t pending_timeout_ms, std::vector<int32_t> eos_ids) {
+                           int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling) {
   EngineOptions o;
+  o.device_sampling = device_sampling;
   o.max_concurrency = max_concurrency;
   o.max_context = max_context;
   o.prefill_chunk = prefill_chunk;
@@ -199,13 +200,14 @@ void bind_engine_class(py::module_& m) {
   py::class_<EngineOptions>(m, "EngineOptions")
       .def(py::init(&make_options), py::kw_only(), py::arg("max_concurrency") = 1, py::arg("max_context") = 0,
            py::arg("prefill_chunk") = 512, py::arg("max_pending") = 16, py::arg("pending_timeout_ms") = 0,
-           py::arg("eos_ids") = std::vector<int32_t>{})
+           py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("device_sampling") = true)
       .def_readwrite("max_concurrency", &EngineOptions::max_concurrency)
       .def_readwrite("max_context", &EngineOptions::max_context)
       .def_readwrite("prefill_chunk", &EngineOptions::prefill_chunk)
       .def_readwrite("max_pending", &EngineOptions::max_pending)
       .def_readwrite("pending_timeout_ms", &EngineOptions::pending_timeout_ms)
-      .def_readwrite("eos_ids", &EngineOptions::eos_ids);
+      .def_readwrite("eos_ids", &EngineOptions::eos_ids)
+      .def_readwrite("device_sampling", &EngineOptions::device_sampling);
 
   py::class_<PyEngine>(m, "Engine")
       .def_static(
@@ -282,6 +284,8 @@ void bind_engine_class(py::module_& m) {
              return stats_dict(s);
            })
       .def_property_readonly("healthy", [](const PyEngine& self) { return self.engine->healthy(); })
+      .def_property_readonly("samples_on_device",
+                             [](const PyEngine& self) { return self.engine->samples_on_device(); })
       .def_property_readonly("max_context", [](const PyEngine& self) { return self.engine->options().max_context; })
       .def_property_readonly("max_concurrency",
                              [](const PyEngine& self) { return self.engine->options().max_concurrency; })
@@ -295,6 +299,20 @@ void bind_engine_class(py::module_& m) {
             self.toy->fail_next_forwards(count);
           },
           py::arg("count"))
+      .def(
+          "toy_sample_on_device",
+          [](PyEngine& self, bool on) {
+            if (!self.toy) throw py::value_error("only toy engines have this hook");
+            self.toy->set_samples_on_device(on);
+          },
+          py::arg("on"), "The toy model samples through the device-sampling path (host reference).")
+      .def(
+          "toy_poison_next_rows",
+          [](PyEngine& self, int count, float value) {
+            if (!self.toy) throw py::value_error("only toy engines have this hook");
+            self.toy->poison_next_rows(count, value);
+          },
+          py::arg("count"), py::arg("value"), "Every logit of the next `count` logit rows becomes `value`.")
       .def(
           "toy_set_step_delay_us",
           [](PyEngine& self, int64_t us) {
@@ -325,6 +343,17 @@ void bind_sampling_tools(py::module_& m) {
           },
           py::arg("logits"), py::arg("generated") = std::unordered_map<int32_t, int32_t>{},
           py::arg("suppressed") = std::vector<int32_t>{})
+      .def(
+          "sample_with_draw",
+          [](Sampler& self, py::array_t<float, py::array::c_style | py::array::forcecast> logits,
+             const std::unordered_map<int32_t, int32_t>& generated, const std::vector<int32_t>& suppressed, double u) {
+            std::vector<float> scratch(logits.data(), logits.data() + logits.size());
+            TokenCounts counts(generated.begin(), generated.end());
+            py::gil_scoped_release release;
+            return self.sample_with_draw(scratch, counts, suppressed, u);
+          },
+          py::arg("logits"), py::arg("generated"), py::arg("suppressed"), py::arg("u"))
+      .def("next_draw", &Sampler::next_draw, "The generator's next draw in [0, 1) (what sample would use).")
       .def(
           "sample_many",
           [](Sampler& self, py::array_t<float, py::array::c_style | py::array::forcecast> logits, int64_t draws,
@@ -364,6 +393,7 @@ void bind_engine(py::module_& m) {
   bind_events(m);
   bind_engine_class(m);
   bind_sampling_tools(m);
+  bind_sampling(m);
 }
 
 }  // namespace ninfer::bindings

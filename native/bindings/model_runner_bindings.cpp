@@ -44,35 +44,13 @@ class ModelRunner {
 
   const ModelInfo& info() const { return model_->info(); }
 
+  using Slices = std::vector<std::tuple<int, int, std::vector<int32_t>>>;
+
   // Runs several lanes' slices in one traversal; returns logits [rows, vocab] where each slice
   // contributes its last token's row (or all rows with all_logits).
-  py::array_t<float> forward_batch(const std::vector<std::tuple<int, int, std::vector<int32_t>>>& items,
-                                   bool all_logits) {
+  py::array_t<float> forward_batch(const Slices& items, bool all_logits) {
     std::vector<int32_t> tokens;
-    BatchPlan plan;
-    for (const auto& [lane, start_pos, ids] : items) {
-      Lane& state = lane_at(lane);
-      if (ids.empty()) throw py::value_error("a slice needs at least one token");
-      if (start_pos < 0 || start_pos > state.length)
-        throw py::value_error("lane " + std::to_string(lane) + " holds " + std::to_string(state.length) +
-                              " tokens; start_pos " + std::to_string(start_pos) + " would leave a gap");
-      const int64_t end = static_cast<int64_t>(start_pos) + static_cast<int64_t>(ids.size());
-      if (end > max_context_)
-        throw py::value_error("lane " + std::to_string(lane) + " would exceed max_context " +
-                              std::to_string(max_context_));
-      ensure_pages(state, end);
-      SeqSlice slice;
-      slice.lane = lane;
-      slice.start_pos = start_pos;
-      slice.num_tokens = static_cast<int32_t>(ids.size());
-      slice.page_table = state.pages.data();
-      slice.num_pages = static_cast<int32_t>(state.pages.size());
-      slice.wants_logits = true;
-      slice.all_logits = all_logits;
-      plan.slices.push_back(slice);
-      tokens.insert(tokens.end(), ids.begin(), ids.end());
-    }
-    plan.tokens = tokens;
+    const BatchPlan plan = make_plan(items, all_logits, tokens);
     const int64_t vocab = model_->info().vocab_size;
     py::array_t<float> logits({static_cast<py::ssize_t>(plan.num_logit_rows()), static_cast<py::ssize_t>(vocab)});
     float* out = logits.mutable_data();
@@ -80,9 +58,26 @@ class ModelRunner {
       py::gil_scoped_release release;
       model_->forward(plan, out);
     }
-    for (const auto& [lane, start_pos, ids] : items)
-      lanes_[static_cast<size_t>(lane)].length = start_pos + static_cast<int64_t>(ids.size());
+    advance(items);
     return logits;
+  }
+
+  // The same traversal, but each slice's last row is sampled on the model's device with its
+  // row of `rows` (dicts as for _core.sample_rows_host); returns the ids (or -1 / -2 codes).
+  py::array_t<int32_t> forward_batch_sampled(const Slices& items, const py::list& rows) {
+    if (!model_->samples_on_device()) throw py::value_error("this model's backend does not sample on its device");
+    const SamplingBatch sampling = sampling_batch_from(rows);
+    std::vector<int32_t> tokens;
+    const BatchPlan plan = make_plan(items, false, tokens);
+    if (sampling.rows.size() != items.size()) throw py::value_error("one sampling row per slice");
+    py::array_t<int32_t> ids(static_cast<py::ssize_t>(items.size()));
+    int32_t* out = ids.mutable_data();
+    {
+      py::gil_scoped_release release;
+      model_->forward_sampled(plan, sampling, out);
+    }
+    advance(items);
+    return ids;
   }
 
   py::array_t<float> forward(int lane, int start_pos, const std::vector<int32_t>& tokens, bool all_logits) {
@@ -162,6 +157,40 @@ class ModelRunner {
   }
 
  private:
+  // A plan over the slices (tokens gathered into `tokens`, which the plan views); grows pages.
+  BatchPlan make_plan(const Slices& items, bool all_logits, std::vector<int32_t>& tokens) {
+    BatchPlan plan;
+    for (const auto& [lane, start_pos, ids] : items) {
+      Lane& state = lane_at(lane);
+      if (ids.empty()) throw py::value_error("a slice needs at least one token");
+      if (start_pos < 0 || start_pos > state.length)
+        throw py::value_error("lane " + std::to_string(lane) + " holds " + std::to_string(state.length) +
+                              " tokens; start_pos " + std::to_string(start_pos) + " would leave a gap");
+      const int64_t end = static_cast<int64_t>(start_pos) + static_cast<int64_t>(ids.size());
+      if (end > max_context_)
+        throw py::value_error("lane " + std::to_string(lane) + " would exceed max_context " +
+                              std::to_string(max_context_));
+      ensure_pages(state, end);
+      SeqSlice slice;
+      slice.lane = lane;
+      slice.start_pos = start_pos;
+      slice.num_tokens = static_cast<int32_t>(ids.size());
+      slice.page_table = state.pages.data();
+      slice.num_pages = static_cast<int32_t>(state.pages.size());
+      slice.wants_logits = true;
+      slice.all_logits = all_logits;
+      plan.slices.push_back(slice);
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+    }
+    plan.tokens = tokens;
+    return plan;
+  }
+
+  void advance(const Slices& items) {
+    for (const auto& [lane, start_pos, ids] : items)
+      lanes_[static_cast<size_t>(lane)].length = start_pos + static_cast<int64_t>(ids.size());
+  }
+
   struct Lane {
     std::vector<int32_t> pages;
     int64_t length = 0;
@@ -221,6 +250,9 @@ void bind_model_runner(py::module_& m) {
            "(or [len(tokens), vocab] with all_logits).")
       .def("forward_batch", &ModelRunner::forward_batch, py::arg("slices"), py::arg("all_logits") = false,
            "slices: [(lane, start_pos, tokens)] in one plan; returns logits rows in slice order.")
+      .def("forward_batch_sampled", &ModelRunner::forward_batch_sampled, py::arg("slices"), py::arg("rows"),
+           "As forward_batch, but each slice's next token is sampled on the device with its row of `rows` "
+           "(dicts as for sample_rows_host); returns the ids (-1: NaN, -2: nothing selectable).")
       .def("forward_mtp", &ModelRunner::forward_mtp, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
            py::arg("hidden_prev"), py::arg("step") = 0,
            "One MTP head step (hybrid models): returns (logits [n, vocab], hidden after mtp.norm [n, hidden]).")

@@ -285,8 +285,14 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
 
 void Engine::execute_step(std::vector<EngineEvent>& events) {
   std::string error;
+  const bool on_device = samples_on_device();
   try {
-    model_->forward(step_.batch, logits_.data());
+    if (on_device) {
+      plan_device_sampling();
+      model_->forward_sampled(step_.batch, sampling_, sampled_ids_.data());
+    } else {
+      model_->forward(step_.batch, logits_.data());
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -311,29 +317,57 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     failures_gauge_ = 0;
     decode_rows_.fetch_add(static_cast<uint64_t>(step_.decode_rows), std::memory_order_relaxed);
     tokens_prefilled_.fetch_add(static_cast<uint64_t>(step_.prefill_tokens), std::memory_order_relaxed);
-    commit_step(events, done);
+    commit_step(events, done, on_device);
   }
   if (done.empty()) return;
   std::lock_guard lock(mu_);
   for (Sequence* seq : done) retire(*seq);
 }
 
-void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done) {
+void Engine::plan_device_sampling() {
+  sampling_.clear();
+  std::vector<int32_t> tokens, counts;
+  for (size_t i = 0; i < step_.rows.size(); ++i) {
+    if (!step_.batch.slices[i].wants_logits) continue;
+    Sequence& seq = *step_.rows[i];
+    const SamplingParams& p = seq.params.sampling;
+    RowSampling row;
+    row.temperature = p.temperature;
+    row.top_p = p.top_p;
+    row.min_p = p.min_p;
+    row.presence_penalty = p.presence_penalty;
+    row.frequency_penalty = p.frequency_penalty;
+    row.top_k = p.top_k;
+    row.uniform = p.temperature > 0.0f ? seq.sampler.next_draw() : 0.0;
+    tokens.clear();
+    counts.clear();
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+      for (const auto& [token, count] : seq.output_counts) {
+        tokens.push_back(token);
+        counts.push_back(count);
+      }
+    }
+    sampling_.add_row(row, tokens, counts, suppressed_ids(seq));
+  }
+  sampled_ids_.assign(sampling_.rows.size(), kSampledNothing);
+}
+
+void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done, bool sampled_on_device) {
   const auto now = EngineClock::now();
   struct Row {
     Sequence* seq;
-    float* logits;
+    int logit_row;  // -1: the slice asked for no logits
     EngineEvent event;
   };
   std::vector<Row> rows;  // rows that report this step, in plan order
-  int logit_row = 0;
+  int logit_rows = 0;
   for (size_t i = 0; i < step_.rows.size(); ++i) {
     Sequence& seq = *step_.rows[i];
     const SeqSlice& slice = step_.batch.slices[i];
-    float* logits = slice.wants_logits ? logits_.data() + static_cast<int64_t>(logit_row++) * vocab_size_ : nullptr;
+    const int logit_row = slice.wants_logits ? logit_rows++ : -1;
     seq.cached += slice.num_tokens;
     if (seq.cancel_requested) {
-      rows.push_back({&seq, nullptr, base_event(seq, EventKind::Output)});
+      rows.push_back({&seq, -1, base_event(seq, EventKind::Output)});
       finish(seq, rows.back().event, FinishReason::Cancelled);
       continue;
     }
@@ -343,8 +377,8 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
       seq.prefilled = now;
     }
     seq.last_commit = now;
-    rows.push_back({&seq, logits, base_event(seq, EventKind::Output)});
-    if (!logits) finish(seq, rows.back().event, FinishReason::Length);  // max_tokens 0: prompt only
+    rows.push_back({&seq, logit_row, base_event(seq, EventKind::Output)});
+    if (logit_row < 0) finish(seq, rows.back().event, FinishReason::Length);  // max_tokens 0: prompt only
   }
 
   // Rows are independent (own sampler, history and stop state), so they sample in parallel.
@@ -353,9 +387,17 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
     if (row.event.finished) return;
     Sequence& seq = *row.seq;
     try {
-      const auto suppressed = suppressed_ids(seq);
-      const int32_t token = seq.sampler.sample(std::span<float>(row.logits, static_cast<size_t>(vocab_size_)),
-                                               seq.output_counts, suppressed);
+      int32_t token = 0;
+      if (sampled_on_device) {
+        token = sampled_ids_[static_cast<size_t>(row.logit_row)];
+        if (token < 0) throw std::runtime_error(sampled_code_error(token));
+        if (token >= vocab_size_) throw std::runtime_error("the device sampler chose id " + std::to_string(token) +
+                                                           ", outside the vocabulary");
+      } else {
+        float* logits = logits_.data() + static_cast<int64_t>(row.logit_row) * vocab_size_;
+        token = seq.sampler.sample(std::span<float>(logits, static_cast<size_t>(vocab_size_)), seq.output_counts,
+                                   suppressed_ids(seq));
+      }
       tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
       commit_token(seq, token, row.event);
     } catch (const std::exception& e) {

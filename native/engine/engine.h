@@ -35,6 +35,8 @@ struct EngineOptions {
   int32_t max_pending = 16;        // requests allowed to wait for a lane
   int64_t pending_timeout_ms = 0;  // 0 = a pending request waits until a lane frees
   std::vector<int32_t> eos_ids;    // end-of-sequence ids of the model (merged)
+  bool device_sampling = true;     // sample on the model's device when it can (only the
+                                   // chosen ids come back); false keeps host sampling
 };
 
 // Pages a pool needs so that every lane can grow to the ceiling: admission then never waits
@@ -100,6 +102,8 @@ class Engine {
 
   const EngineOptions& options() const { return options_; }
   const ModelInfo& model_info() const { return model_->info(); }
+  // Whether steps sample on the model's device (only the chosen ids come back).
+  bool samples_on_device() const { return options_.device_sampling && model_->samples_on_device(); }
   const std::vector<std::string>& token_bytes() const { return token_bytes_; }
 
  private:
@@ -109,9 +113,12 @@ class Engine {
   // the engine is stopping.
   bool step_boundary(std::vector<EngineEvent>& events);
   void execute_step(std::vector<EngineEvent>& events);
-  // After a successful forward: advances every row, samples, applies stops. Thread-safe per
-  // row, so rows are sampled on the sampling pool.
-  void commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done);
+  // Fills sampling_ for the step's logit rows, drawing each sampling row's uniform value from
+  // its sequence's generator (as the host Sampler would during commit_step).
+  void plan_device_sampling();
+  // After a successful forward: advances every row, samples (or takes the ids sampled on the
+  // device), applies stops. Thread-safe per row, so rows are committed on the sampling pool.
+  void commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done, bool sampled_on_device);
   void commit_token(Sequence& seq, int32_t token, EngineEvent& event) const;
   std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
   bool is_eos(int32_t token) const;
@@ -140,6 +147,8 @@ class Engine {
   ThreadPool sampling_pool_;  // worker only: samples the rows of a step in parallel
   StepPlan step_;            // worker only
   std::vector<float> logits_;  // worker only
+  SamplingBatch sampling_;     // worker only: this step's rows, when sampled on the device
+  std::vector<int32_t> sampled_ids_;  // worker only: their chosen ids (or kSampled* codes)
   int consecutive_failures_ = 0;  // worker only
 
   std::atomic<bool> healthy_{true};

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace ninfer {
 
@@ -39,6 +40,21 @@ void Sampler::apply_penalties(std::span<float> logits, const TokenCounts& genera
 
 int32_t Sampler::sample(std::span<float> logits, const TokenCounts& generated,
                         std::span<const int32_t> suppressed) {
+  const int32_t id = choose(logits, generated, suppressed, -1.0);
+  if (id < 0) throw std::runtime_error(sampled_code_error(id));
+  return id;
+}
+
+int32_t Sampler::sample_with_draw(std::span<float> logits, const TokenCounts& generated,
+                                  std::span<const int32_t> suppressed, double u) {
+  if (!(u >= 0.0 && u < 1.0)) throw std::invalid_argument("the draw must be in [0, 1)");
+  const int32_t id = choose(logits, generated, suppressed, u);
+  if (id < 0) throw std::runtime_error(sampled_code_error(id));
+  return id;
+}
+
+int32_t Sampler::choose(std::span<float> logits, const TokenCounts& generated, std::span<const int32_t> suppressed,
+                        double u) {
   apply_penalties(logits, generated);
   const auto vocab = static_cast<int64_t>(logits.size());
   for (int32_t id : suppressed)
@@ -48,15 +64,13 @@ int32_t Sampler::sample(std::span<float> logits, const TokenCounts& generated,
   int32_t best_id = -1;
   for (int64_t i = 0; i < vocab; ++i) {
     const float l = logits[i];
-    if (std::isnan(l)) throw std::runtime_error("model produced a NaN logit");
+    if (std::isnan(l)) return kSampledNaN;
     if (l > best) {
       best = l;
       best_id = static_cast<int32_t>(i);
     }
   }
-  if (best_id < 0 || std::isinf(best)) {
-    throw std::runtime_error("no token can be sampled: every logit is -inf or +inf");
-  }
+  if (best_id < 0 || std::isinf(best)) return kSampledNothing;
   if (params_.temperature <= 0.0f) return best_id;
 
   const float inv_temperature = 1.0f / params_.temperature;
@@ -79,7 +93,7 @@ int32_t Sampler::sample(std::span<float> logits, const TokenCounts& generated,
 
   double total = 0.0;
   for (const auto& c : candidates_) total += c.weight;
-  const double target = uniform01() * total;
+  const double target = (u < 0.0 ? uniform01() : u) * total;
   double cumulative = 0.0;
   for (const auto& c : candidates_) {
     cumulative += c.weight;
@@ -94,6 +108,8 @@ void Sampler::keep_top_k() {
   std::nth_element(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(k - 1),
                    candidates_.end(), MoreProbable{});
   candidates_.resize(k);
+  // Back to id order: the draw scans in it unless top_p sorts the set.
+  std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
 }
 
 void Sampler::keep_top_p() {
@@ -118,7 +134,9 @@ void Sampler::keep_top_p() {
     }
   }
   // A flat tail: bisect the rest with selections (linear time overall). Invariant: [0, lo)
-  // are the lo most probable candidates, and the cut lies in [lo, hi).
+  // are the lo most probable candidates (in order up to `ordered`), and the cut lies in
+  // [lo, hi).
+  const size_t ordered = lo;
   size_t hi = candidates_.size();
   while (hi - lo > kFirstHead) {
     const size_t mid = lo + (hi - lo) / 2;
@@ -133,11 +151,17 @@ void Sampler::keep_top_p() {
     }
   }
   std::sort(at(lo), at(hi), MoreProbable{});
+  // The draw scans the kept set most probable first: order what the selections left unordered
+  // (a cost only the flat case pays, where the kept set outgrows the sorted heads).
   for (size_t i = lo; i < hi; ++i) {
     below_lo += candidates_[i].weight;
-    if (below_lo >= target) return keep_through(i);
+    if (below_lo >= target) {
+      std::sort(at(ordered), at(lo), MoreProbable{});
+      return keep_through(i);
+    }
   }
   // Rounding left the target just out of reach: every candidate stays.
+  std::sort(at(ordered), candidates_.end(), MoreProbable{});
 }
 
 void Sampler::keep_min_p() {
@@ -145,6 +169,35 @@ void Sampler::keep_min_p() {
   // The best token weighs exactly 1, so the threshold is min_p itself.
   const float threshold = params_.min_p;
   std::erase_if(candidates_, [threshold](const Candidate& c) { return c.weight < threshold; });
+}
+
+std::string sampled_code_error(int32_t code) {
+  switch (code) {
+    case kSampledNaN: return "model produced a NaN logit";
+    case kSampledNothing: return "no token can be sampled: every logit is -inf or +inf";
+    default: return "the device sampler returned the unknown code " + std::to_string(code);
+  }
+}
+
+int32_t sample_row_on_host(std::span<float> logits, const SamplingBatch& batch, size_t row) {
+  const RowSampling& r = batch.rows.at(row);
+  SamplingParams params;
+  params.temperature = r.temperature;
+  params.top_p = r.top_p;
+  params.top_k = r.top_k;
+  params.min_p = r.min_p;
+  params.presence_penalty = r.presence_penalty;
+  params.frequency_penalty = r.frequency_penalty;
+  TokenCounts generated;
+  for (int32_t i = r.penalty_begin; i < r.penalty_begin + r.penalty_count; ++i)
+    generated[batch.penalty_tokens.at(static_cast<size_t>(i))] += batch.penalty_counts.at(static_cast<size_t>(i));
+  if (r.suppressed_begin < 0 || r.suppressed_count < 0 ||
+      static_cast<size_t>(r.suppressed_begin) + static_cast<size_t>(r.suppressed_count) > batch.suppressed.size())
+    throw std::out_of_range("sampling row " + std::to_string(row) + ": suppressed ids outside the batch");
+  const auto suppressed = std::span(batch.suppressed)
+                              .subspan(static_cast<size_t>(r.suppressed_begin), static_cast<size_t>(r.suppressed_count));
+  Sampler sampler(params, 0);
+  return sampler.choose(logits, generated, suppressed, r.temperature > 0.0f ? r.uniform : 0.0);
 }
 
 }  // namespace ninfer

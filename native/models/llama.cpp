@@ -81,6 +81,8 @@ class LlamaModel final : public Model {
 
   const ModelInfo& info() const override { return info_; }
   void forward(const BatchPlan& plan, float* logits) override;
+  bool samples_on_device() const override { return backend_->samples_on_device(); }
+  void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
 
  private:
   struct Layer {
@@ -124,6 +126,8 @@ class LlamaModel final : public Model {
   void load_weights();
   void allocate_activations();
   void check_plan(const BatchPlan& plan) const;
+  // Enqueues the step; its logits stay in logits_ (backend memory). Returns their row count.
+  int64_t enqueue_step(const BatchPlan& plan);
   void apply_rope(float* x, int64_t heads, const std::vector<int32_t>& positions,
                   const std::vector<AttentionSlice>& slices);
 
@@ -222,9 +226,25 @@ void LlamaModel::apply_rope(float* x, int64_t heads, const std::vector<int32_t>&
 }
 
 void LlamaModel::forward(const BatchPlan& plan, float* logits) {
+  const int64_t rows = enqueue_step(plan);
+  if (rows == 0) return;
+  backend_->synchronize();
+  backend_->copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
+}
+
+void LlamaModel::forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) {
+  if (static_cast<int64_t>(sampling.rows.size()) != plan.num_logit_rows())
+    throw std::invalid_argument("forward_sampled: " + std::to_string(sampling.rows.size()) +
+                                " sampling rows for " + std::to_string(plan.num_logit_rows()) + " logit rows");
+  const int64_t rows = enqueue_step(plan);
+  if (rows == 0) return;
+  backend_->sample_rows(logits_.data(), cfg_.vocab, sampling, ids);
+}
+
+int64_t LlamaModel::enqueue_step(const BatchPlan& plan) {
   check_plan(plan);
   const int64_t t = static_cast<int64_t>(plan.tokens.size());
-  if (t == 0) return;
+  if (t == 0) return 0;
   const int64_t h = cfg_.hidden, hd = cfg_.head_dim, inter = cfg_.intermediate;
   std::vector<int32_t> positions(static_cast<size_t>(t));
   std::vector<AttentionSlice> slices;
@@ -276,9 +296,7 @@ void LlamaModel::forward(const BatchPlan& plan, float* logits) {
     b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
     b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
   });
-  if (rows == 0) return;
-  b.synchronize();
-  b.copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
+  return rows;
 }
 
 }  // namespace

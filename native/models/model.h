@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "common/row_sampling.h"
+
 namespace ninfer {
 
 class Artifact;
@@ -70,6 +72,11 @@ class Model {
   // Runs one traversal of the network over every slice of the plan and writes
   // float32 logits [plan.num_logit_rows(), vocab_size] into `logits` (host memory).
   virtual void forward(const BatchPlan& plan, float* logits) = 0;
+  // Whether forward_sampled works (the model's backend samples on its device).
+  virtual bool samples_on_device() const { return false; }
+  // forward, but only the chosen token of each logit row comes back: ids[r] (host memory) as
+  // Backend::sample_rows defines it, for sampling.rows[r], r < plan.num_logit_rows().
+  virtual void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids);
   // Clears any per-lane state that is not in KV pages (recurrent state of hybrid models).
   virtual void reset_lane(int lane) {}
 };

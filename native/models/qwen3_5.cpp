@@ -87,6 +87,8 @@ class Qwen35Model final : public Model, public MtpHead {
 
   const ModelInfo& info() const override { return info_; }
   void forward(const BatchPlan& plan, float* logits) override;
+  bool samples_on_device() const override { return backend_->samples_on_device(); }
+  void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
   void reset_lane(int lane) override;
 
   int64_t mtp_layers() const override { return cfg_.mtp_layers; }
@@ -106,6 +108,9 @@ class Qwen35Model final : public Model, public MtpHead {
     return conv_state(lane, gdn_index) + cfg_.gdn.conv_state_floats();
   }
 
+  // Enqueues the step (lanes marked mid-step); its logits stay in logits_ (backend memory).
+  // Returns their row count, or -1 for a plan without tokens (nothing enqueued).
+  int64_t enqueue_step(const BatchPlan& plan);
   const TensorView& checked(const std::string& name, const std::vector<int64_t>& shape) const;
   Weight matrix(const std::string& name, int64_t rows, int64_t cols);
   Weight stacked(const std::string& name, const std::vector<int64_t>& shape);
@@ -489,9 +494,28 @@ void Qwen35Model::decoder_layer(const Layer& L, int64_t t, const StepLayout& ste
 }
 
 void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
+  const int64_t rows = enqueue_step(plan);
+  if (rows < 0) return;
+  backend_->synchronize();
+  if (rows > 0) backend_->copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
+  for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = s.start_pos + s.num_tokens;
+}
+
+void Qwen35Model::forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) {
+  if (static_cast<int64_t>(sampling.rows.size()) != plan.num_logit_rows())
+    throw std::invalid_argument("forward_sampled: " + std::to_string(sampling.rows.size()) +
+                                " sampling rows for " + std::to_string(plan.num_logit_rows()) + " logit rows");
+  const int64_t rows = enqueue_step(plan);
+  if (rows < 0) return;
+  if (rows > 0) backend_->sample_rows(logits_.data(), cfg_.vocab, sampling, ids);
+  else backend_->synchronize();
+  for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = s.start_pos + s.num_tokens;
+}
+
+int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
   const StepLayout step = layout(plan, true);
   const int64_t t = static_cast<int64_t>(plan.tokens.size());
-  if (t == 0) return;
+  if (t == 0) return -1;
   std::vector<int32_t> logit_rows;
   for (size_t i = 0; i < plan.slices.size(); ++i) {
     const SeqSlice& s = plan.slices[i];
@@ -516,13 +540,7 @@ void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
     b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
     b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
   });
-  if (rows > 0) {
-    b.synchronize();
-    b.copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
-  } else {
-    b.synchronize();
-  }
-  for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = s.start_pos + s.num_tokens;
+  return rows;
 }
 
 // MTP step (spec §4.1): u = fc([norm_e(embed(token)) | norm_h(hidden_prev)]), one full-attention

@@ -23,6 +23,10 @@ bool is_dense_llama_family(const std::string& architecture) {
 
 }  // namespace
 
+void Model::forward_sampled(const BatchPlan&, const SamplingBatch&, int32_t*) {
+  throw std::logic_error("the " + info().architecture + " model does not sample on its device");
+}
+
 std::unique_ptr<Model> load_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
   const std::string architecture = artifact.architecture();
   if (is_dense_llama_family(architecture)) return make_llama_model(artifact, kv, options);

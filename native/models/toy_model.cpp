@@ -7,6 +7,8 @@
 #include <string>
 #include <thread>
 
+#include "engine/sampler.h"
+
 namespace ninfer {
 
 ToyModel::ToyModel(int64_t vocab_size, KvPool& pool, int max_lanes, int64_t max_positions)
@@ -84,8 +86,23 @@ void ToyModel::forward(const BatchPlan& plan, float* logits) {
     row[next] = 6.0f;
     row[(next + 1) % vocab] = 4.0f;
     row[(next + 2) % vocab] = 3.0f;
+    if (rows_to_poison_.load() > 0) {
+      rows_to_poison_.fetch_sub(1);
+      std::fill(row, row + vocab, poison_value_.load());
+    }
     row += vocab;
   }
+}
+
+void ToyModel::forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) {
+  if (static_cast<int64_t>(sampling.rows.size()) != plan.num_logit_rows())
+    throw std::invalid_argument("forward_sampled: one sampling row per logit row");
+  std::vector<float> logits(sampling.rows.size() * static_cast<size_t>(info_.vocab_size));
+  forward(plan, logits.data());
+  for (size_t r = 0; r < sampling.rows.size(); ++r)
+    ids[r] = sample_row_on_host(std::span(logits).subspan(r * static_cast<size_t>(info_.vocab_size),
+                                                          static_cast<size_t>(info_.vocab_size)),
+                                sampling, r);
 }
 
 int32_t ToyModel::next_token(const SeqSlice& slice, int32_t pos) const {

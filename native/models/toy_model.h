@@ -26,6 +26,10 @@ class ToyModel final : public Model {
   const ModelInfo& info() const override { return info_; }
   void forward(const BatchPlan& plan, float* logits) override;
   void reset_lane(int lane) override;
+  // Off unless a test turns it on: then the toy "samples on its device" with the host
+  // reference (sample_row_on_host), so the engine's device-sampling path runs on the CPU.
+  bool samples_on_device() const override { return samples_on_device_; }
+  void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
 
   // KV geometry the toy needs from its pool: one layer, one head, one value per token.
   static constexpr int64_t kLayers = 1, kHeads = 1, kHeadDim = 1;
@@ -34,6 +38,14 @@ class ToyModel final : public Model {
   // Test hook (any thread): every forward sleeps this long, to keep lanes busy on purpose.
   void set_step_delay_us(int64_t us) { step_delay_us_ = us; }
   int64_t forwards() const { return forwards_; }
+  // Test hook (worker idle): see samples_on_device.
+  void set_samples_on_device(bool on) { samples_on_device_ = on; }
+  // Test hook (any thread): every logit of the next `count` logit rows becomes `value` (a NaN
+  // or infinity, to reach the samplers' errors).
+  void poison_next_rows(int count, float value) {
+    poison_value_ = value;
+    rows_to_poison_ = count;
+  }
 
  private:
   int32_t next_token(const SeqSlice& slice, int32_t pos) const;
@@ -44,6 +56,9 @@ class ToyModel final : public Model {
   std::atomic<int> failures_to_inject_{0};
   std::atomic<int64_t> forwards_{0};
   std::atomic<int64_t> step_delay_us_{0};
+  std::atomic<bool> samples_on_device_{false};
+  std::atomic<int> rows_to_poison_{0};
+  std::atomic<float> poison_value_{0.0f};
 };
 
 }  // namespace ninfer

@@ -29,6 +29,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/attention_plan.h"
+#include "backends/cuda/growing_buffer.h"
 #include "backends/cuda/launchers.h"
 
 namespace ninfer::cuda {
@@ -130,6 +131,11 @@ class CudaBackend final : public Backend {
   void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows,
                       float* out) override;
 
+  // Sampling on the device (cuda_backend_sampling.cpp): one upload of the rows and lists, the
+  // kernel, one download of the ids, one wait.
+  bool samples_on_device() const override { return true; }
+  void sample_rows(float* logits, int64_t vocab, const SamplingBatch& batch, int32_t* ids) override;
+
   // Test/benchmark controls: force a matmul path, an attention kernel, a split count (0 =
   // automatic) for the split-KV kernel, or a block shape for the prefill kernel.
   void set_matmul_path(MatmulPath path) { matmul_path_ = path; }
@@ -139,6 +145,8 @@ class CudaBackend final : public Backend {
   bool cublas_available() const { return cublas_ != nullptr; }
   // Decode step graphs (cuda_step_graphs.cpp); on unless this is off or NINFER_CUDA_GRAPHS=0.
   void set_step_graphs(bool on) { step_graphs_ = on; }
+  // Blocks per row of the sampling kernel: 1, 2, 4, 8 or 16; 0 = by vocabulary size.
+  void set_sample_cluster_blocks(int blocks) { sample_cluster_blocks_ = blocks; }
 
  private:
   void activate() const;
@@ -198,6 +206,9 @@ class CudaBackend final : public Backend {
   // hybrid-model scratch and metadata
   DeviceScratch gdn_conv_out_, gdn_gates_, gdn_chunk_workspace_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_;
   MetadataSlot gdn_seqs_, moe_plan_;
+  // sample_rows: the packed batch and the ids, staged in pinned memory and mirrored on the device
+  GrowingBuffer sampling_host_{GrowingBuffer::Where::PinnedHost}, sampling_device_{GrowingBuffer::Where::Device};
+  int sample_cluster_blocks_ = 0;
 
   MatmulPath matmul_path_ = MatmulPath::Auto;
   AttentionPath attention_path_ = AttentionPath::Auto;
