@@ -1,0 +1,87 @@
+"""One Qwen3.6-35B-A3B MoE layer's routed experts on the GPU, per expert path.
+
+Backend::moe_experts (routing, the routed experts' gate/up/SwiGLU/down, weighted combine) for
+x [tokens, 2048] with 256 experts of width 512, top-8, seeded random bf16 experts made on the
+device and random router logits (near-uniform expert loads, as in the random-weight model
+benchmark). Paths: "host" (the old one: ids to the host, ~3 cuBLAS calls per used expert),
+"grouped" (device plan + two grouped tensor-core GEMM launches; tile rows auto, 32, 64, 128)
+and "gemv" (per-pair GEMVs, decode batches). Median device time over --reps runs (CUDA events
+around the op), FLOPs = 2 · tokens · top_k · 3 · hidden · ff, and for small batches the floor
+of reading the distinct experts' weights once at the measured copy bandwidth.
+
+usage: python3 bench/bench_cuda_moe.py [--tokens 8192,2048,16,1] [--reps 10] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ninfer import _core
+
+HIDDEN, FF, EXPERTS, TOP_K = 2048, 512, 256, 8
+
+
+def expected_distinct_experts(tokens: int) -> float:
+    """Expected experts used by `tokens` uniformly routed tokens (top-k without replacement)."""
+    return EXPERTS * (1.0 - (1.0 - TOP_K / EXPERTS) ** tokens)
+
+
+def paths_for(tokens: int) -> list[tuple[str, int]]:
+    paths = [("host", 0), ("grouped", 0), ("grouped", 32), ("grouped", 64), ("grouped", 128)]
+    if tokens * TOP_K <= 4096:
+        paths.append(("gemv", 0))
+    return paths
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", default="8192,2048,256,64,16,4,1")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="per-kernel times (torch.profiler)")
+    args = parser.parse_args()
+    if _core.cuda_device_count() == 0:
+        print("no CUDA device")
+        return 1
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_cuda import ceilings, kernel_breakdown
+
+    ceil = ceilings()
+    bw, rate = ceil["copy_bytes_per_s"], ceil["bf16_gemm_flops"]
+    print(f"ceilings: copy {bw / 1e12:.2f} TB/s, dense bf16 GEMM {rate / 1e12:.0f} TFLOP/s")
+    ops = _core.CudaOps(0)
+    rng = np.random.default_rng(20261129)
+    expert_bytes = 3 * HIDDEN * FF * 2
+    print("| tokens | path | tiles | ms | TFLOP/s | % GEMM rate | weight floor ms | vs host |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        x = rng.standard_normal((tokens, HIDDEN), dtype=np.float32)
+        logits = rng.standard_normal((tokens, EXPERTS), dtype=np.float32)
+        flops = 2.0 * tokens * TOP_K * 3 * HIDDEN * FF
+        floor_ms = expected_distinct_experts(tokens) * expert_bytes / bw * 1e3
+        host_ms = None
+        for path, tile_rows in paths_for(tokens):
+            ms = ops.time_moe_experts(x, logits, FF, TOP_K, path, tile_rows, args.reps)
+            host_ms = ms if path == "host" else host_ms
+            tiles = str(tile_rows or "auto") if path == "grouped" else "-"
+            speedup = f"{host_ms / ms:.1f}x" if host_ms else "-"
+            share = 100 * flops / ms / 1e3 / rate
+            print(f"| {tokens} | {path} | {tiles} | {ms:.3f} | {flops / ms / 1e9:.1f} | "
+                  f"{share:.1f}% | {floor_ms:.3f} | {speedup} |", flush=True)
+        if args.profile and tokens >= 2048:
+            for path in ("grouped", "host"):
+                def twice(p=path, x=x, logits=logits):
+                    ops.time_moe_experts(x, logits, FF, TOP_K, p, 0, 1)
+
+                rows = kernel_breakdown(twice)
+                print(f"kernels, {tokens} tokens, {path} (2 runs):")
+                for name, ms, count in rows[:8]:
+                    print(f"  {ms:8.3f} ms  x{count:<5} {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
