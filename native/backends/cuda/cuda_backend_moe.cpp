@@ -6,7 +6,7 @@
 //   launches cover all experts (launchers_moe.h); weights are read once per used expert tile.
 // - Host: the ids come to the host (one synchronisation per layer) to group the pairs and run
 //   each used expert's matmuls with cuBLAS; kept for shapes the grouped kernels do not take
-//   (hidden or ff not a multiple of 32) and as the baseline of bench/bench_cuda_moe.py.
+//   (hidden or ff not a multiple of 8) and as the baseline of bench/bench_cuda_moe.py.
 // All three add the weighted expert rows of each token in slot order.
 #include <algorithm>
 #include <stdexcept>
@@ -50,7 +50,7 @@ CudaBackend::MoePath CudaBackend::moe_path_for(int64_t pairs, int64_t hidden, co
       if (!gemv_ok) throw std::invalid_argument("moe_experts: the GEMV path does not take this shape");
       return MoePath::Gemv;
     case MoePath::Grouped:
-      if (!grouped_ok) throw std::invalid_argument("moe_experts: the grouped path needs hidden and ff % 32 == 0");
+      if (!grouped_ok) throw std::invalid_argument("moe_experts: the grouped path needs hidden and ff % 8 == 0");
       return MoePath::Grouped;
     case MoePath::Host: return MoePath::Host;
     case MoePath::Auto: break;

@@ -41,11 +41,16 @@ __global__ void __launch_bounds__(kMoeGroupThreads)
   __shared__ int32_t row_offset[kMoeMaxExperts];
   __shared__ int32_t tile_offset[kMoeMaxExperts];
   const int tid = threadIdx.x;
-  for (int e = tid; e < experts; e += blockDim.x) rows_of[e] = 0;
+  for (int e = tid; e < experts; e += kMoeGroupThreads) rows_of[e] = 0;
   __syncthreads();
-  for (int p = tid; p < pairs; p += blockDim.x) {
-    const int e = ids[p];
-    if (e >= 0 && e < experts) atomicAdd(&rows_of[e], 1);
+  // Four independent loads, then four atomics: the loop is latency-bound otherwise.
+  for (int p0 = tid; p0 < pairs; p0 += 4 * kMoeGroupThreads) {
+    int e[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) e[u] = p0 + u * kMoeGroupThreads < pairs ? ids[p0 + u * kMoeGroupThreads] : -1;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (e[u] >= 0 && e[u] < experts) atomicAdd(&rows_of[e[u]], 1);
   }
   __syncthreads();
   if (tid < 32) {  // exclusive scans of rows and tiles: lane l owns a run of `per` experts
@@ -75,37 +80,43 @@ __global__ void __launch_bounds__(kMoeGroupThreads)
     }
   }
   __syncthreads();
-  for (int e = tid; e < experts; e += blockDim.x) {
+  for (int e = tid; e < experts; e += kMoeGroupThreads) {
     const int first = row_offset[e], last = first + rows_of[e];
     int t = tile_offset[e];
     for (int r = first; r < last; r += tile_rows) tiles[t++] = MoeTile{e, r, min(r + tile_rows, last), 0};
     rows_of[e] = first;
   }
   __syncthreads();
-  for (int p = tid; p < pairs; p += blockDim.x) {
-    const int e = ids[p];
-    if (e >= 0 && e < experts) sorted_pair[atomicAdd(&rows_of[e], 1)] = p;
+  for (int p0 = tid; p0 < pairs; p0 += 4 * kMoeGroupThreads) {
+    int e[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) e[u] = p0 + u * kMoeGroupThreads < pairs ? ids[p0 + u * kMoeGroupThreads] : -1;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (e[u] >= 0 && e[u] < experts) sorted_pair[atomicAdd(&rows_of[e[u]], 1)] = p0 + u * kMoeGroupThreads;
   }
 }
 
-inline constexpr int kMoeTileK = 32;               // k per pipeline stage
-inline constexpr int kMoeSmemLd = kMoeTileK + 8;   // padded smem row (80 bytes): ldmatrix without bank conflicts
+inline constexpr int kMoeKAlign = 8;  // k must be a multiple of this (16-byte copies); tails are zero-filled
 
 // A block tile of BM rows × BN weight rows (for GateUpSwiglu BN/2 gate and BN/2 up rows, i.e.
-// BN/2 output columns), WARPS_M × WARPS_N warps, a STAGES-deep cp.async pipeline.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS>
+// BN/2 output columns) and BK of k per pipeline stage, WARPS_M × WARPS_N warps, a STAGES-deep
+// cp.async pipeline. Smem rows are padded by 16 bytes so that ldmatrix is free of bank conflicts.
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int MIN_BLOCKS>
 struct MoeGemmShape {
-  static constexpr int kRows = BM, kCols = BN, kStages = STAGES, kMinBlocks = MIN_BLOCKS;
-  static constexpr int kWarpsN = WARPS_N;
+  static constexpr int kRows = BM, kCols = BN, kTileK = BK, kLd = BK + 8, kStages = STAGES;
+  static constexpr int kMinBlocks = MIN_BLOCKS, kWarpsN = WARPS_N;
   static constexpr int kThreads = WARPS_M * WARPS_N * 32;
   static constexpr int kWarpRows = BM / WARPS_M, kWarpCols = BN / WARPS_N;
   static constexpr int kMFrags = kWarpRows / 16, kNFrags = kWarpCols / 8;
-  static constexpr int kStageElems = (BM + BN) * kMoeSmemLd;
+  static constexpr int kStageElems = (BM + BN) * kLd;
   static constexpr int kSmemBytes = STAGES * kStageElems * 2;
-  static constexpr int kAChunks = BM * (kMoeTileK / 8) / kThreads;  // 16-byte copies per thread and stage
-  static constexpr int kBChunks = BN * (kMoeTileK / 8) / kThreads;
+  static constexpr int kPiecesPerRow = BK / 8;                 // 16-byte copies per smem row
+  static constexpr int kRowsPerPass = kThreads / kPiecesPerRow;  // rows one pass of the block copies
+  static constexpr int kARowsPerThread = BM / kRowsPerPass, kBRowsPerThread = BN / kRowsPerPass;
   static_assert(kWarpRows % 16 == 0 && kNFrags % 4 == 0, "warp tile: 16-row and two-pairs-of-8-column fragments");
-  static_assert(kAChunks * kThreads == BM * 4 && kBChunks * kThreads == BN * 4, "whole 16-byte copies per thread");
+  static_assert(BK % 16 == 0 && kThreads % kPiecesPerRow == 0 && BM % kRowsPerPass == 0 && BN % kRowsPerPass == 0,
+                "whole 16-byte copies per thread");
 };
 
 enum class MoeGemmKind { GateUpSwiglu, Down };
@@ -120,7 +131,7 @@ struct MoeGemmArgs {
   const uint16_t* w = nullptr;     // the expert stack, expert_rows rows of k per expert
   int64_t expert_rows = 0;         // GateUpSwiglu: 2n (gate rows, then up rows); Down: n
   int n = 0;                       // output columns
-  int k = 0;                       // a multiple of kMoeTileK
+  int k = 0;                       // a multiple of kMoeKAlign
   uint16_t* act = nullptr;         // GateUpSwiglu output [pairs, n], sorted row order
   float* y = nullptr;              // Down output [pairs, n], row = pair id
 };
@@ -129,7 +140,8 @@ template <class Shape, MoeGemmKind KIND>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) moe_grouped_gemm(MoeGemmArgs args) {
   if (static_cast<int>(blockIdx.y) >= *args.tile_count) return;
   constexpr bool kGateUp = KIND == MoeGemmKind::GateUpSwiglu;
-  constexpr int BM = Shape::kRows, BN = Shape::kCols, LD = kMoeSmemLd, MF = Shape::kMFrags, NF = Shape::kNFrags;
+  constexpr int BM = Shape::kRows, BN = Shape::kCols, BK = Shape::kTileK, LD = Shape::kLd;
+  constexpr int MF = Shape::kMFrags, NF = Shape::kNFrags;
   constexpr int kOutCols = kGateUp ? BN / 2 : BN;
   const MoeTile tile = args.tiles[blockIdx.y];
   const int col0 = static_cast<int>(blockIdx.x) * kOutCols;
@@ -137,34 +149,38 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) moe_groupe
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / Shape::kWarpsN, wn = warp % Shape::kWarpsN;
 
-  // Each thread copies the same 16-byte pieces of the same rows at every k step.
-  const uint16_t* a_src[Shape::kAChunks];
-  const uint16_t* b_src[Shape::kBChunks];
-  int a_dst[Shape::kAChunks], b_dst[Shape::kBChunks];
+  // Each thread copies the same 16-byte piece of the same rows at every k step: rows
+  // first_row + j · kRowsPerPass of A and of B.
+  const int piece = (tid % Shape::kPiecesPerRow) * 8, first_row = tid / Shape::kPiecesPerRow;
+  int a_row[Shape::kARowsPerThread], b_row[Shape::kBRowsPerThread];
 #pragma unroll
-  for (int i = 0; i < Shape::kAChunks; ++i) {
-    const int c = tid + i * Shape::kThreads, r = c / 4, piece = (c % 4) * 8;
-    int row = tile.row_begin + r;
+  for (int j = 0; j < Shape::kARowsPerThread; ++j) {
+    int row = tile.row_begin + first_row + j * Shape::kRowsPerPass;
     if (row >= tile.row_end) row = tile.row_begin;  // padding rows: read a valid row, never stored
-    const int64_t src = kGateUp ? args.sorted_pair[row] / args.top_k : row;
-    a_src[i] = args.a + src * args.k + piece;
-    a_dst[i] = r * LD + piece;
+    a_row[j] = kGateUp ? args.sorted_pair[row] / args.top_k : row;
   }
 #pragma unroll
-  for (int i = 0; i < Shape::kBChunks; ++i) {
-    const int c = tid + i * Shape::kThreads, r = c / 4, piece = (c % 4) * 8;
+  for (int j = 0; j < Shape::kBRowsPerThread; ++j) {
+    const int r = first_row + j * Shape::kRowsPerPass;
     const int half = kGateUp && r >= BN / 2 ? 1 : 0;  // the up rows of the gate | up pair
     const int col = min(col0 + (kGateUp ? r % (BN / 2) : r), args.n - 1);
-    b_src[i] = args.w + (tile.expert * args.expert_rows + int64_t(half) * args.n + col) * args.k + piece;
-    b_dst[i] = (BM + r) * LD + piece;
+    b_row[j] = half * args.n + col;  // within the expert
   }
+  const uint16_t* w_expert = args.w + tile.expert * args.expert_rows * args.k;
   auto load_stage = [&](int stage, int kt) {
-    uint16_t* base = smem + stage * Shape::kStageElems;
-    const int k_off = kt * kMoeTileK;
+    uint16_t* as = smem + stage * Shape::kStageElems;
+    uint16_t* bs = as + BM * LD;
+    const int k_at = kt * BK + piece;
+    const bool inside = k_at < args.k;  // the k tail is zero-filled
+    const int k_src = inside ? k_at : 0;
 #pragma unroll
-    for (int i = 0; i < Shape::kAChunks; ++i) cp_async_16(base + a_dst[i], a_src[i] + k_off);
+    for (int j = 0; j < Shape::kARowsPerThread; ++j)
+      cp_async_16_or_zero(as + (first_row + j * Shape::kRowsPerPass) * LD + piece,
+                          args.a + int64_t(a_row[j]) * args.k + k_src, inside);
 #pragma unroll
-    for (int i = 0; i < Shape::kBChunks; ++i) cp_async_16(base + b_dst[i], b_src[i] + k_off);
+    for (int j = 0; j < Shape::kBRowsPerThread; ++j)
+      cp_async_16_or_zero(bs + (first_row + j * Shape::kRowsPerPass) * LD + piece,
+                          w_expert + int64_t(b_row[j]) * args.k + k_src, inside);
   };
   // First smem row of the 16 weight rows behind n-fragments 2p and 2p+1 of this warp. GateUp:
   // fragments [0, NF/2) are gate columns and [NF/2, NF) the up columns of the same outputs.
@@ -183,7 +199,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) moe_groupe
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
 
-  const int k_tiles = args.k / kMoeTileK;
+  const int k_tiles = (args.k + BK - 1) / BK;
 #pragma unroll
   for (int s = 0; s < Shape::kStages - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
@@ -198,7 +214,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) moe_groupe
     const uint16_t* as = smem + (kt % Shape::kStages) * Shape::kStageElems;
     const uint16_t* bs = as + BM * LD;
 #pragma unroll
-    for (int ks = 0; ks < kMoeTileK; ks += 16) {
+    for (int ks = 0; ks < BK; ks += 16) {
       uint32_t af[MF][4], bf[NF][2];
 #pragma unroll
       for (int i = 0; i < MF; ++i)

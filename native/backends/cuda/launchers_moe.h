@@ -25,7 +25,7 @@ struct MoeGroupedJob {
   int tile_rows = 0;                    // rows per GEMM tile: 32, 64 or 128; 0 picks by rows per expert
 };
 
-// hidden and ff multiples of 32 (the GEMM's k step), at most 512 experts.
+// hidden and ff multiples of 8 (16-byte copies), at most 512 experts.
 bool moe_grouped_supported(int64_t hidden, int64_t ff, int64_t num_experts);
 
 // The tile rows the job runs with (job.tile_rows, or the automatic choice).
