@@ -33,10 +33,12 @@ def expected_distinct_experts(tokens: int) -> float:
     return EXPERTS * (1.0 - (1.0 - TOP_K / EXPERTS) ** tokens)
 
 
-def paths_for(tokens: int) -> list[tuple[str, int]]:
-    paths = [("host", 0), ("grouped", 0), ("grouped", 32), ("grouped", 64), ("grouped", 128)]
+def paths_for(tokens: int) -> list[tuple[str, int, int]]:
+    """(path, tile rows, tile columns) to time."""
+    paths = [("host", 0, 0), ("grouped", 0, 0), ("grouped", 32, 0), ("grouped", 64, 0),
+             ("grouped", 128, 0), ("grouped", 128, 256)]
     if tokens * TOP_K <= 4096:
-        paths.append(("gemv", 0))
+        paths.append(("gemv", 0, 0))
     return paths
 
 
@@ -104,10 +106,10 @@ def main() -> int:
         flops = 2.0 * tokens * TOP_K * 3 * HIDDEN * FF
         floor_ms = expected_distinct_experts(tokens) * expert_bytes / bw * 1e3
         host_ms = None
-        for path, tile_rows in paths_for(tokens):
-            ms = ops.time_moe_experts(x, logits, FF, TOP_K, path, tile_rows, args.reps)
+        for path, tile_rows, tile_cols in paths_for(tokens):
+            ms = ops.time_moe_experts(x, logits, FF, TOP_K, path, tile_rows, tile_cols, args.reps)
             host_ms = ms if path == "host" else host_ms
-            tiles = str(tile_rows or "auto") if path == "grouped" else "-"
+            tiles = f"{tile_rows or 'auto'}x{tile_cols or 128}" if path == "grouped" else "-"
             speedup = f"{host_ms / ms:.1f}x" if host_ms else "-"
             share = 100 * flops / (ms / 1e3) / rate
             print(f"| {tokens} | {path} | {tiles} | {ms:.3f} | {flops / ms / 1e9:.1f} | "
@@ -115,7 +117,7 @@ def main() -> int:
         if args.profile and tokens >= 8192:
             for path in ("grouped", "host"):
                 def twice(p=path, x=x, logits=logits):
-                    ops.time_moe_experts(x, logits, FF, TOP_K, p, 0, 1)
+                    ops.time_moe_experts(x, logits, FF, TOP_K, p, 0, 0, 1)
 
                 rows = kernel_breakdown(twice)
                 print(f"kernels, {tokens} tokens, {path} (2 runs):")

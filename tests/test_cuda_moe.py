@@ -98,9 +98,9 @@ def reference(x, logits, gate_up, down, top_k, renormalize):
     return out
 
 
-def run(ops, x, logits, gate_up, down, top_k, path, tile_rows=0, renormalize=True):
+def run(ops, x, logits, gate_up, down, top_k, path, tile_rows=0, renormalize=True, tile_cols=0):
     out = np.full(x.shape, np.nan, np.float32)
-    ops.moe_experts(x, logits, gate_up, down, top_k, renormalize, out, path, tile_rows)
+    ops.moe_experts(x, logits, gate_up, down, top_k, renormalize, out, path, tile_rows, tile_cols)
     return out
 
 
@@ -127,9 +127,9 @@ def test_grouped_fixed_routing(ops, seed, tokens, shape):
     check(out, ref, seed, f"grouped {shape} x {tokens}")
 
 
-@pytest.mark.parametrize("tile_rows", [32, 64, 128])
+@pytest.mark.parametrize("tile_rows,tile_cols", [(32, 0), (64, 0), (128, 0), (128, 256)])
 @pytest.mark.parametrize("tokens", [7, 300])
-def test_grouped_wide_experts(ops, seed, wide_experts, tokens, tile_rows):
+def test_grouped_wide_experts(ops, seed, wide_experts, tokens, tile_rows, tile_cols):
     """The 35B-A3B expert widths (hidden 2048, ff 512, top-8) on every tile shape."""
     hidden, ff, experts, top_k = WIDE
     rng = np.random.default_rng(seed)
@@ -138,12 +138,12 @@ def test_grouped_wide_experts(ops, seed, wide_experts, tokens, tile_rows):
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     logits = fixed_logits(rng, distinct_choices(rng, tokens, top_k, np.arange(experts)), experts)
     ref = reference(x, logits, gate_up, down, top_k, True)
-    out = run(ops, x, logits, gate_up, down, top_k, "grouped", tile_rows)
-    check(out, ref, seed, f"grouped wide x {tokens}, {tile_rows}-row tiles")
+    out = run(ops, x, logits, gate_up, down, top_k, "grouped", tile_rows, tile_cols=tile_cols)
+    check(out, ref, seed, f"grouped wide x {tokens}, {tile_rows}x{tile_cols or 128} tiles")
 
 
-@pytest.mark.parametrize("tile_rows", [32, 128])
-def test_grouped_experts_without_rows_and_one_crowded_expert(ops, seed, tile_rows):
+@pytest.mark.parametrize("tile_rows,tile_cols", [(32, 0), (128, 0), (128, 256)])
+def test_grouped_experts_without_rows_and_one_crowded_expert(ops, seed, tile_rows, tile_cols):
     """Odd experts get no rows; expert 6 gets every token (a group of many tiles)."""
     hidden, ff, experts, top_k = MANY
     tokens = 700
@@ -155,7 +155,7 @@ def test_grouped_experts_without_rows_and_one_crowded_expert(ops, seed, tile_row
     ids[:, rng.integers(top_k)] = 6  # expert 6 in a random slot of every token
     logits = fixed_logits(rng, ids, experts)
     ref = reference(x, logits, gate_up, down, top_k, False)
-    out = run(ops, x, logits, gate_up, down, top_k, "grouped", tile_rows, renormalize=False)
+    out = run(ops, x, logits, gate_up, down, top_k, "grouped", tile_rows, False, tile_cols)
     check(out, ref, seed, f"grouped, empty and crowded experts, {tile_rows}-row tiles")
 
 

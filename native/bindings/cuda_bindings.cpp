@@ -232,7 +232,8 @@ class CudaOps {
   // Backend::moe_experts on a path ("auto", "gemv", "grouped", "host"). gate_up [E·2ff, hidden]
   // and down [E·hidden, ff] are bf16 bit patterns (uint16).
   void moe_experts(py::array x, py::array router_logits, py::array gate_up, py::array down, int64_t top_k,
-                   bool renormalize, py::array out, const std::string& path, int tile_rows) {
+                   bool renormalize, py::array out, const std::string& path, int tile_rows,
+                   int tile_cols) {
     if (x.ndim() != 2 || router_logits.ndim() != 2 || gate_up.ndim() != 2 || down.ndim() != 2)
       throw py::value_error("moe_experts: x [tokens, hidden], router_logits [tokens, E], 2-D weights");
     const int64_t tokens = x.shape(0), hidden = x.shape(1), experts = router_logits.shape(1);
@@ -244,14 +245,15 @@ class CudaOps {
     moe.top_k = top_k;
     moe.renormalize = renormalize;
     Mirror xd(backend_, x, "x"), ld(backend_, router_logits, "router_logits"), od(backend_, out, "out");
-    run_with_moe_path(path, tile_rows, [&] { backend_.moe_experts(xd.device(), tokens, hidden, ld.device(), moe, od.device()); });
+    run_with_moe_path(path, tile_rows, tile_cols,
+                      [&] { backend_.moe_experts(xd.device(), tokens, hidden, ld.device(), moe, od.device()); });
     od.download();
   }
 
   // Median device time (ms) of moe_experts on a path for x [tokens, hidden] and the given router
   // logits, with seeded random bf16 experts made on the device (kept for later calls).
   double time_moe_experts(py::array x, py::array router_logits, int64_t ff, int64_t top_k, const std::string& path,
-                          int tile_rows, int reps) {
+                          int tile_rows, int tile_cols, int reps) {
     const int64_t tokens = x.shape(0), hidden = x.shape(1), experts = router_logits.shape(1);
     const std::tuple<int64_t, int64_t, int64_t> key{experts, ff, hidden};
     if (timed_experts_key_ != key) {
@@ -265,7 +267,7 @@ class CudaOps {
     Mirror xd(backend_, x, "x"), ld(backend_, router_logits, "router_logits");
     Buffer out = backend_.alloc(tokens * hidden);
     std::vector<float> times;
-    run_with_moe_path(path, tile_rows, [&] {
+    run_with_moe_path(path, tile_rows, tile_cols, [&] {
       auto once = [&] { backend_.moe_experts(xd.device(), tokens, hidden, ld.device(), timed_experts_, out.data()); };
       once();  // warm-up: scratch growth, cuBLAS plans
       cudaEvent_t start, stop;
@@ -289,8 +291,8 @@ class CudaOps {
 
  private:
   template <typename Fn>
-  void run_with_moe_path(const std::string& path, int tile_rows, Fn&& fn) {
-    backend_.set_moe_path(moe_path(path), tile_rows);
+  void run_with_moe_path(const std::string& path, int tile_rows, int tile_cols, Fn&& fn) {
+    backend_.set_moe_path(moe_path(path), tile_rows, tile_cols);
     try {
       fn();
     } catch (...) {
@@ -331,9 +333,10 @@ void bind_cuda(py::module_& m) {
       .def("gather_rows", &CudaOps::gather_rows, py::arg("src"), py::arg("rows"), py::arg("out"))
       .def("moe_experts", &CudaOps::moe_experts, py::arg("x"), py::arg("router_logits"), py::arg("gate_up"),
            py::arg("down"), py::arg("top_k"), py::arg("renormalize"), py::arg("out"), py::arg("path") = "auto",
-           py::arg("tile_rows") = 0)
+           py::arg("tile_rows") = 0, py::arg("tile_cols") = 0)
       .def("time_moe_experts", &CudaOps::time_moe_experts, py::arg("x"), py::arg("router_logits"), py::arg("ff"),
-           py::arg("top_k"), py::arg("path") = "auto", py::arg("tile_rows") = 0, py::arg("reps") = 10)
+           py::arg("top_k"), py::arg("path") = "auto", py::arg("tile_rows") = 0, py::arg("tile_cols") = 0,
+           py::arg("reps") = 10)
       .def("paged_attention", &CudaOps::paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"),
            py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
            py::arg("splits") = 0);

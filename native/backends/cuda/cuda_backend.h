@@ -137,10 +137,12 @@ class CudaBackend final : public Backend {
   void set_matmul_path(MatmulPath path) { matmul_path_ = path; }
   void set_attention_path(AttentionPath path) { attention_path_ = path; }
   void set_decode_splits(int splits) { forced_splits_ = splits; }
-  // Force a MoE expert path and, for the grouped one, its GEMM tile rows (32/64/128; 0 = auto).
-  void set_moe_path(MoePath path, int tile_rows = 0) {
+  // Force a MoE expert path and, for the grouped one, its GEMM tile (MoeGroupedJob: rows
+  // 32/64/128, columns 128/256; 0 = auto).
+  void set_moe_path(MoePath path, int tile_rows = 0, int tile_cols = 0) {
     moe_path_ = path;
     moe_tile_rows_ = tile_rows;
+    moe_tile_cols_ = tile_cols;
   }
   bool cublas_available() const { return cublas_ != nullptr; }
   // Decode step graphs (cuda_step_graphs.cpp); on unless this is off or NINFER_CUDA_GRAPHS=0.
@@ -214,6 +216,7 @@ class CudaBackend final : public Backend {
   int forced_splits_ = 0;
   MoePath moe_path_ = MoePath::Auto;
   int moe_tile_rows_ = 0;
+  int moe_tile_cols_ = 0;
   std::map<std::vector<int64_t>, bool> gemv_faster_;  // (m, k, rows...) -> the GEMV won the timing
 
   bool step_graphs_ = true;

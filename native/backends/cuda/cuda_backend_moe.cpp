@@ -108,6 +108,7 @@ void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, co
     job.down = down_w;
     job.out = out;
     job.tile_rows = moe_tile_rows_;
+    job.tile_cols = moe_tile_cols_;
     void* scratch = moe_grouped_.get(moe_grouped_scratch_bytes(job), stream_);
     launch_moe_grouped_experts(job, scratch, stream_);
     return;

@@ -42,8 +42,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
 }
 
 // c += a · b for a 16x16 (row-major) bf16 A fragment and a 16x8 (column-major) B fragment.
+// Registers only (not volatile: the compiler may schedule it); ldmatrix and cp.async stay
+// volatile so that they keep their places relative to the barriers.
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

@@ -199,6 +199,9 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) moe_groupe
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
 
+  // Fragments of rows past the tile's end are neither loaded nor multiplied (an expert's last
+  // tile is often mostly padding); the other block on the SM gets the tensor cores meanwhile.
+  const int warp_rows = tile.row_end - tile.row_begin - wm * Shape::kWarpRows;
   const int k_tiles = (args.k + BK - 1) / BK;
 #pragma unroll
   for (int s = 0; s < Shape::kStages - 1; ++s) {
@@ -213,12 +216,14 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) moe_groupe
     cp_async_commit();
     const uint16_t* as = smem + (kt % Shape::kStages) * Shape::kStageElems;
     const uint16_t* bs = as + BM * LD;
+    if (warp_rows <= 0) continue;
 #pragma unroll
     for (int ks = 0; ks < BK; ks += 16) {
       uint32_t af[MF][4], bf[NF][2];
 #pragma unroll
       for (int i = 0; i < MF; ++i)
-        ldmatrix_x4(af[i], as + (wm * Shape::kWarpRows + i * 16 + (lane & 15)) * LD + ks + (lane >> 4) * 8);
+        if (i * 16 < warp_rows)
+          ldmatrix_x4(af[i], as + (wm * Shape::kWarpRows + i * 16 + (lane & 15)) * LD + ks + (lane >> 4) * 8);
 #pragma unroll
       for (int p = 0; p < NF / 2; ++p) {
         uint32_t r[4];
@@ -230,8 +235,9 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) moe_groupe
       }
 #pragma unroll
       for (int i = 0; i < MF; ++i)
+        if (i * 16 < warp_rows)
 #pragma unroll
-        for (int j = 0; j < NF; ++j) mma_bf16_16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
+          for (int j = 0; j < NF; ++j) mma_bf16_16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
     }
   }
   cp_async_wait<0>();

@@ -24,6 +24,8 @@ using kernels::MoeTile;
 using Rows128 = MoeGemmShape<128, 128, 64, 2, 2, 3, 2>;
 using Rows64 = MoeGemmShape<64, 128, 64, 2, 2, 4, 2>;
 using Rows32 = MoeGemmShape<32, 128, 64, 1, 4, 4, 2>;
+// 128 x 256 with 8 warps and ~166 KB of smem (one block per SM): less A traffic per flop.
+using Rows128Wide = MoeGemmShape<128, 256, 64, 2, 4, 3, 1>;
 
 constexpr size_t kAlign = 256;
 
@@ -139,15 +141,21 @@ void launch_moe_grouped_experts(const MoeGroupedJob& job, void* scratch, cudaStr
     throw std::invalid_argument("grouped MoE (CUDA): needs hidden and ff multiples of 8, at most 512 experts and "
                                 "1 <= top_k <= experts");
   const int tile_rows = moe_grouped_tile_rows(job);
-  if (tile_rows != 32 && tile_rows != 64 && tile_rows != 128)
-    throw std::invalid_argument("grouped MoE (CUDA): tile rows must be 32, 64 or 128, not " +
-                                std::to_string(tile_rows));
+  const bool wide = job.tile_cols == 256;
+  if ((tile_rows != 32 && tile_rows != 64 && tile_rows != 128) || (job.tile_cols != 0 && job.tile_cols != 128 &&
+                                                                   !(wide && tile_rows == 128)))
+    throw std::invalid_argument("grouped MoE (CUDA): tiles must be 32, 64 or 128 rows by 128 columns, or 128 by 256");
   if (max_tiles(job, tile_rows) > 65535 || pairs_of(job) > (int64_t(1) << 30))
     throw std::invalid_argument("grouped MoE (CUDA): too many (token, slot) pairs for one launch");
   const Parts parts = carve(job, tile_rows, scratch);
   launch_f32_to_bf16(job.x, parts.x_bf16, job.tokens * job.hidden, stream);
   switch (tile_rows) {
-    case 128: run_grouped<Rows128>(job, parts, stream); break;
+    case 128:
+      if (wide)
+        run_grouped<Rows128Wide>(job, parts, stream);
+      else
+        run_grouped<Rows128>(job, parts, stream);
+      break;
     case 64: run_grouped<Rows64>(job, parts, stream); break;
     default: run_grouped<Rows32>(job, parts, stream); break;
   }

@@ -23,6 +23,7 @@ struct MoeGroupedJob {
   const uint16_t* down = nullptr;       // bf16 [E·hidden, ff]
   float* out = nullptr;                 // [tokens, hidden]: the weighted expert outputs are added
   int tile_rows = 0;                    // rows per GEMM tile: 32, 64 or 128; 0 picks by rows per expert
+  int tile_cols = 0;                    // weight rows per tile: 128, or 256 with 128 rows; 0 = 128
 };
 
 // hidden and ff multiples of 8 (16-byte copies), at most 512 experts.
