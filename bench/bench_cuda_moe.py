@@ -4,7 +4,8 @@ Backend::moe_experts (routing, the routed experts' gate/up/SwiGLU/down, weighted
 x [tokens, 2048] with 256 experts of width 512, top-8, seeded random bf16 experts made on the
 device and random router logits (near-uniform expert loads, as in the random-weight model
 benchmark). Paths: "host" (the old one: ids to the host, ~3 cuBLAS calls per used expert),
-"grouped" (device plan + two grouped tensor-core GEMM launches; tile rows auto, 32, 64, 128)
+"grouped" (device plan + two grouped tensor-core GEMM launches; tiles auto, 32/64/128 rows by
+128 weight rows, 128 by 256)
 and "gemv" (per-pair GEMVs, decode batches). Median device time over --reps runs (CUDA events
 around the op), FLOPs = 2 · tokens · top_k · 3 · hidden · ff, and for small batches the floor
 of reading the distinct experts' weights once at the measured copy bandwidth.
@@ -109,7 +110,8 @@ def main() -> int:
         for path, tile_rows, tile_cols in paths_for(tokens):
             ms = ops.time_moe_experts(x, logits, FF, TOP_K, path, tile_rows, tile_cols, args.reps)
             host_ms = ms if path == "host" else host_ms
-            tiles = f"{tile_rows or 'auto'}x{tile_cols or 128}" if path == "grouped" else "-"
+            tiles = "-" if path != "grouped" else (
+                f"{tile_rows}x{tile_cols or 128}" if tile_rows else "auto")
             speedup = f"{host_ms / ms:.1f}x" if host_ms else "-"
             share = 100 * flops / (ms / 1e3) / rate
             print(f"| {tokens} | {path} | {tiles} | {ms:.3f} | {flops / ms / 1e9:.1f} | "

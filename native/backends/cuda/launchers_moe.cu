@@ -18,20 +18,26 @@ using kernels::MoeGemmKind;
 using kernels::MoeGemmShape;
 using kernels::MoeTile;
 
-// 128 rows: the prefill shape (~256 rows per expert at 8k tokens of 256 experts, top-8), 64x64
-// warp tiles; 64 and 32 rows waste less of the tile when experts get few rows (mid-size
-// batches, decode). 4 warps and ~110 KB of smem: two blocks per SM.
+int64_t pairs_of(const MoeGroupedJob& job) { return job.tokens * job.top_k; }
+
+// Automatic choice (bench/bench_cuda_moe.py, 35B-A3B shape, H200): 128 x 256 tiles (8 warps of
+// 64x64, ~166 KB of smem, one block per SM) from 48 rows per expert on (8192 tokens: 2.18 ms a
+// layer against 2.32 for 128 x 128 and 2.50 for 64 x 128; 2048 tokens: 0.86 against 0.93 for
+// 64 x 128), 32 x 128 below (256 tokens: 0.54 ms against 0.68 for 64 x 128, 0.77 for 128 x 256).
+// The 64 x 128 and 128 x 128 shapes (4 warps, ~110 KB: two blocks per SM) remain selectable
+// for that comparison.
+using Rows128Wide = MoeGemmShape<128, 256, 64, 2, 4, 3, 1>;
 using Rows128 = MoeGemmShape<128, 128, 64, 2, 2, 3, 2>;
 using Rows64 = MoeGemmShape<64, 128, 64, 2, 2, 4, 2>;
 using Rows32 = MoeGemmShape<32, 128, 64, 1, 4, 4, 2>;
-// 128 x 256 with 8 warps and ~166 KB of smem (one block per SM): less A traffic per flop.
-using Rows128Wide = MoeGemmShape<128, 256, 64, 2, 4, 3, 1>;
+
+int64_t rows_per_expert(const MoeGroupedJob& job) {
+  return pairs_of(job) / std::max<int64_t>(job.num_experts, 1);
+}
 
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-int64_t pairs_of(const MoeGroupedJob& job) { return job.tokens * job.top_k; }
 
 // Upper bound of the tiles over all experts: every expert may end in a partial tile.
 int64_t max_tiles(const MoeGroupedJob& job, int tile_rows) {
@@ -127,8 +133,7 @@ bool moe_grouped_supported(int64_t hidden, int64_t ff, int64_t num_experts) {
 
 int moe_grouped_tile_rows(const MoeGroupedJob& job) {
   if (job.tile_rows != 0) return job.tile_rows;
-  const int64_t rows_per_expert = pairs_of(job) / std::max<int64_t>(job.num_experts, 1);
-  return rows_per_expert >= 160 ? 128 : (rows_per_expert >= 48 ? 64 : 32);
+  return rows_per_expert(job) >= 48 ? 128 : 32;
 }
 
 size_t moe_grouped_scratch_bytes(const MoeGroupedJob& job) {
@@ -141,7 +146,7 @@ void launch_moe_grouped_experts(const MoeGroupedJob& job, void* scratch, cudaStr
     throw std::invalid_argument("grouped MoE (CUDA): needs hidden and ff multiples of 8, at most 512 experts and "
                                 "1 <= top_k <= experts");
   const int tile_rows = moe_grouped_tile_rows(job);
-  const bool wide = job.tile_cols == 256;
+  const bool wide = job.tile_rows == 0 ? tile_rows == 128 : job.tile_cols == 256;
   if ((tile_rows != 32 && tile_rows != 64 && tile_rows != 128) || (job.tile_cols != 0 && job.tile_cols != 128 &&
                                                                    !(wide && tile_rows == 128)))
     throw std::invalid_argument("grouped MoE (CUDA): tiles must be 32, 64 or 128 rows by 128 columns, or 128 by 256");

@@ -22,14 +22,16 @@ struct MoeGroupedJob {
   const uint16_t* gate_up = nullptr;    // bf16 [E·2ff, hidden]: gate rows then up rows per expert
   const uint16_t* down = nullptr;       // bf16 [E·hidden, ff]
   float* out = nullptr;                 // [tokens, hidden]: the weighted expert outputs are added
-  int tile_rows = 0;                    // rows per GEMM tile: 32, 64 or 128; 0 picks by rows per expert
-  int tile_cols = 0;                    // weight rows per tile: 128, or 256 with 128 rows; 0 = 128
+  // GEMM tile: rows 32, 64 or 128 by 128 weight rows (tile_cols 0 or 128), or 128 by 256;
+  // tile_rows 0 picks 128 x 256 or 32 x 128 by the average rows per expert.
+  int tile_rows = 0;
+  int tile_cols = 0;
 };
 
 // hidden and ff multiples of 8 (16-byte copies), at most 512 experts.
 bool moe_grouped_supported(int64_t hidden, int64_t ff, int64_t num_experts);
 
-// The tile rows the job runs with (job.tile_rows, or the automatic choice).
+// The tile rows the job runs with (job.tile_rows, or the automatic choice's).
 int moe_grouped_tile_rows(const MoeGroupedJob& job);
 
 // Device scratch the job needs (bf16 input, plan, bf16 SwiGLU rows, fp32 per-pair outputs).
