@@ -7,6 +7,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -73,6 +74,14 @@ CudaBackend::MatmulPath matmul_path(const std::string& name) {
   if (name == "gemv") return CudaBackend::MatmulPath::Gemv;
   if (name == "cublas") return CudaBackend::MatmulPath::Cublas;
   throw py::value_error("matmul path must be auto, gemv or cublas");
+}
+
+CudaBackend::MoePath moe_path(const std::string& name) {
+  if (name == "auto") return CudaBackend::MoePath::Auto;
+  if (name == "gemv") return CudaBackend::MoePath::Gemv;
+  if (name == "grouped") return CudaBackend::MoePath::Grouped;
+  if (name == "host") return CudaBackend::MoePath::Host;
+  throw py::value_error("moe path must be auto, gemv, grouped or host");
 }
 
 CudaBackend::AttentionPath attention_path(const std::string& name) {
@@ -306,8 +315,82 @@ class CudaOps {
     return times[times.size() / 2];
   }
 
+  // Backend::moe_experts on a path ("auto", "gemv", "grouped", "host"). gate_up [E·2ff, hidden]
+  // and down [E·hidden, ff] are bf16 bit patterns (uint16).
+  void moe_experts(py::array x, py::array router_logits, py::array gate_up, py::array down, int64_t top_k,
+                   bool renormalize, py::array out, const std::string& path, int tile_rows,
+                   int tile_cols) {
+    if (x.ndim() != 2 || router_logits.ndim() != 2 || gate_up.ndim() != 2 || down.ndim() != 2)
+      throw py::value_error("moe_experts: x [tokens, hidden], router_logits [tokens, E], 2-D weights");
+    const int64_t tokens = x.shape(0), hidden = x.shape(1), experts = router_logits.shape(1);
+    MoeExperts moe;
+    moe.gate_up = weight(gate_up, "bf16", hidden);
+    moe.down = weight(down, "bf16", down.shape(1));
+    moe.num_experts = experts;
+    moe.ff = down.shape(1);
+    moe.top_k = top_k;
+    moe.renormalize = renormalize;
+    Mirror xd(backend_, x, "x"), ld(backend_, router_logits, "router_logits"), od(backend_, out, "out");
+    run_with_moe_path(path, tile_rows, tile_cols,
+                      [&] { backend_.moe_experts(xd.device(), tokens, hidden, ld.device(), moe, od.device()); });
+    od.download();
+  }
+
+  // Median device time (ms) of moe_experts on a path for x [tokens, hidden] and the given router
+  // logits, with seeded random bf16 experts made on the device (kept for later calls).
+  double time_moe_experts(py::array x, py::array router_logits, int64_t ff, int64_t top_k, const std::string& path,
+                          int tile_rows, int tile_cols, int reps) {
+    const int64_t tokens = x.shape(0), hidden = x.shape(1), experts = router_logits.shape(1);
+    const std::tuple<int64_t, int64_t, int64_t> key{experts, ff, hidden};
+    if (timed_experts_key_ != key) {
+      timed_experts_.gate_up = backend_.random_weight(experts * 2 * ff, hidden, 101, 0.05f);
+      timed_experts_.down = backend_.random_weight(experts * hidden, ff, 102, 0.05f);
+      timed_experts_key_ = key;
+    }
+    timed_experts_.num_experts = experts;
+    timed_experts_.ff = ff;
+    timed_experts_.top_k = top_k;
+    Mirror xd(backend_, x, "x"), ld(backend_, router_logits, "router_logits");
+    Buffer out = backend_.alloc(tokens * hidden);
+    std::vector<float> times;
+    run_with_moe_path(path, tile_rows, tile_cols, [&] {
+      auto once = [&] { backend_.moe_experts(xd.device(), tokens, hidden, ld.device(), timed_experts_, out.data()); };
+      once();  // warm-up: scratch growth, cuBLAS plans
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&stop);
+      for (int i = 0; i < reps; ++i) {
+        cudaEventRecord(start, backend_.stream());
+        once();
+        cudaEventRecord(stop, backend_.stream());
+        cudaEventSynchronize(stop);
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, start, stop);
+        times.push_back(ms);
+      }
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    });
+    std::sort(times.begin(), times.end());
+    return times.empty() ? 0.0 : times[times.size() / 2];
+  }
+
  private:
+  template <typename Fn>
+  void run_with_moe_path(const std::string& path, int tile_rows, int tile_cols, Fn&& fn) {
+    backend_.set_moe_path(moe_path(path), tile_rows, tile_cols);
+    try {
+      fn();
+    } catch (...) {
+      backend_.set_moe_path(CudaBackend::MoePath::Auto);
+      throw;
+    }
+    backend_.set_moe_path(CudaBackend::MoePath::Auto);
+  }
+
   CudaBackend backend_;
+  MoeExperts timed_experts_;
+  std::tuple<int64_t, int64_t, int64_t> timed_experts_key_{0, 0, 0};
 };
 
 }  // namespace
@@ -334,6 +417,12 @@ void bind_cuda(py::module_& m) {
       .def("swiglu", &CudaOps::swiglu, py::arg("gate"), py::arg("up"), py::arg("out"))
       .def("add", &CudaOps::add, py::arg("y"), py::arg("x"))
       .def("gather_rows", &CudaOps::gather_rows, py::arg("src"), py::arg("rows"), py::arg("out"))
+      .def("moe_experts", &CudaOps::moe_experts, py::arg("x"), py::arg("router_logits"), py::arg("gate_up"),
+           py::arg("down"), py::arg("top_k"), py::arg("renormalize"), py::arg("out"), py::arg("path") = "auto",
+           py::arg("tile_rows") = 0, py::arg("tile_cols") = 0)
+      .def("time_moe_experts", &CudaOps::time_moe_experts, py::arg("x"), py::arg("router_logits"), py::arg("ff"),
+           py::arg("top_k"), py::arg("path") = "auto", py::arg("tile_rows") = 0, py::arg("tile_cols") = 0,
+           py::arg("reps") = 10)
       .def("paged_attention", &CudaOps::paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"),
            py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
            py::arg("splits") = 0, py::arg("prefill_kernel") = std::pair<int, int>(0, 0))

@@ -81,6 +81,8 @@ class CudaBackend final : public Backend {
  public:
   enum class MatmulPath { Auto, Gemv, Cublas };
   enum class AttentionPath { Auto, Decode, Prefill };
+  // How moe_experts runs the routed experts (cuda_backend_moe.cpp); Auto picks by batch size.
+  enum class MoePath { Auto, Gemv, Grouped, Host };
 
   explicit CudaBackend(int device);
   ~CudaBackend() override;
@@ -142,6 +144,13 @@ class CudaBackend final : public Backend {
   void set_attention_path(AttentionPath path) { attention_path_ = path; }
   void set_decode_splits(int splits) { forced_splits_ = splits; }
   void set_prefill_kernel(PrefillKernelConfig config) { prefill_kernel_ = config; }
+  // Force a MoE expert path and, for the grouped one, its GEMM tile (MoeGroupedJob: rows
+  // 32/64/128, columns 128/256; 0 = auto).
+  void set_moe_path(MoePath path, int tile_rows = 0, int tile_cols = 0) {
+    moe_path_ = path;
+    moe_tile_rows_ = tile_rows;
+    moe_tile_cols_ = tile_cols;
+  }
   bool cublas_available() const { return cublas_ != nullptr; }
   // Decode step graphs (cuda_step_graphs.cpp); on unless this is off or NINFER_CUDA_GRAPHS=0.
   void set_step_graphs(bool on) { step_graphs_ = on; }
@@ -155,6 +164,9 @@ class CudaBackend final : public Backend {
   void run_cublas(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   bool prefer_gemv(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   KvLayout kv_layout(const KvPool& kv, int64_t layer) const;
+  MoePath moe_path_for(int64_t pairs, int64_t hidden, const MoeExperts& experts) const;
+  void moe_experts_on_host_plan(const float* x, int64_t tokens, int64_t hidden, const int32_t* ids_dev,
+                                const float* route_weights, const MoeExperts& experts, float* out);
 
   // Step graphs (cuda_step_graphs.cpp). run_step first runs a step "dry": the ops compute and
   // stage their metadata and note their host-side launch choices (the step's signature) but
@@ -204,7 +216,8 @@ class CudaBackend final : public Backend {
   DeviceScratch x_bf16_, partials_;
   MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;
   // hybrid-model scratch and metadata
-  DeviceScratch gdn_conv_out_, gdn_gates_, gdn_chunk_workspace_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_;
+  DeviceScratch gdn_conv_out_, gdn_gates_, gdn_chunk_workspace_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_,
+      moe_grouped_;
   MetadataSlot gdn_seqs_, moe_plan_;
   // sample_rows: the packed batch and the ids, staged in pinned memory and mirrored on the device
   GrowingBuffer sampling_host_{GrowingBuffer::Where::PinnedHost}, sampling_device_{GrowingBuffer::Where::Device};
@@ -214,6 +227,9 @@ class CudaBackend final : public Backend {
   AttentionPath attention_path_ = AttentionPath::Auto;
   int forced_splits_ = 0;
   PrefillKernelConfig prefill_kernel_;
+  MoePath moe_path_ = MoePath::Auto;
+  int moe_tile_rows_ = 0;
+  int moe_tile_cols_ = 0;
   std::map<std::vector<int64_t>, bool> gemv_faster_;  // (m, k, rows...) -> the GEMV won the timing
 
   bool step_graphs_ = true;

@@ -1,5 +1,5 @@
 // The hybrid-model ops of the CUDA backend (Qwen3.5/3.6): state memory, the Gated DeltaNet
-// mixer, the gated-attention pieces and the sparse MoE experts.
+// mixer and the gated-attention pieces (the sparse MoE experts: cuda_backend_moe.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,7 +15,6 @@ namespace ninfer::cuda {
 
 namespace {
 
-constexpr int64_t kMoeUngroupedPairs = 128;  // (token, slot) pairs up to which experts run ungrouped
 constexpr int64_t kChunkedRoundRows = 16384;  // rows of chunked slices per launch (bounds the workspace)
 
 template <typename T>
@@ -53,11 +52,6 @@ std::vector<ChunkedRound> append_chunked_rounds(std::vector<GdnSeq>& seqs, int n
     rounds.push_back(round);
   }
   return rounds;
-}
-
-// Rows [first, first + count) of a bf16 weight, as a weight of its own.
-Weight row_block(const Weight& w, int64_t first, int64_t count) {
-  return Weight{w.dtype, count, w.cols, static_cast<const uint16_t*>(w.data) + first * w.cols};
 }
 
 }  // namespace
@@ -165,87 +159,6 @@ void CudaBackend::concat_columns(const float* a, int64_t a_cols, const float* b,
   if (dry()) return;
   activate();
   launch_concat_columns(a, a_cols, b, b_cols, rows, out, stream_);
-}
-
-// Routing on the device. Small batches (decode: at most kMoeUngroupedPairs (token, slot) pairs)
-// run each pair's expert as a GEMV that reads the expert id on the device: four launches, no
-// host round trip. Larger ones bring the ids to the host (one synchronisation per MoE layer)
-// to group the pairs by expert and run each used expert's matmuls on its gathered rows. A
-// combine kernel adds the weighted expert outputs per token.
-void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, const float* router_logits,
-                              const MoeExperts& experts, float* out) {
-  const int64_t e_count = experts.num_experts, ff = experts.ff, top_k = experts.top_k;
-  if (e_count <= 0 || ff <= 0 || top_k <= 0 || top_k > e_count)
-    throw std::invalid_argument("moe_experts: need num_experts > 0, ff > 0 and top_k in [1, num_experts]");
-  if (experts.gate_up.rows != e_count * 2 * ff || experts.gate_up.cols != hidden ||
-      experts.down.rows != e_count * hidden || experts.down.cols != ff)
-    throw std::invalid_argument("moe_experts: stacked expert weights do not match [E·2ff, H] and [E·H, ff]");
-  if (experts.gate_up.dtype != DType::BF16 || experts.down.dtype != DType::BF16)
-    throw std::invalid_argument("CUDA moe_experts: expert weights must be uploaded by this backend (bf16)");
-  fill_zero(out, tokens * hidden);
-  if (tokens <= 0) return;
-  const bool ungrouped =
-      tokens * top_k <= kMoeUngroupedPairs && hidden % 8 == 0 && ff % 8 == 0 && hidden <= 12288 && ff <= 12288;
-  if (!ungrouped) not_graphable();  // the grouped path reads the expert ids on the host
-  if (dry()) return;
-  activate();
-  const int64_t pairs = tokens * top_k;
-  auto* route = scratch_of<float>(moe_route_, 2 * pairs, stream_);
-  auto* ids_dev = reinterpret_cast<int32_t*>(route);
-  float* route_weights = route + pairs;
-  launch_moe_route_softmax_topk(router_logits, tokens, e_count, top_k, experts.renormalize, ids_dev, route_weights,
-                                stream_);
-  if (ungrouped) {
-    float* gate_up = scratch_of<float>(moe_x_, pairs * 2 * ff, stream_);
-    float* act = scratch_of<float>(moe_gate_, pairs * ff, stream_);
-    float* y = scratch_of<float>(moe_y_, pairs * hidden, stream_);
-    launch_moe_gemv(static_cast<const uint16_t*>(experts.gate_up.data), 2 * ff, 2 * ff, hidden, ids_dev, pairs, top_k,
-                    x, false, gate_up, stream_);
-    launch_swiglu_halves(gate_up, pairs, ff, act, stream_);
-    launch_moe_gemv(static_cast<const uint16_t*>(experts.down.data), hidden, hidden, ff, ids_dev, pairs, top_k, act,
-                    true, y, stream_);
-    launch_moe_combine(y, hidden, nullptr, route_weights, tokens, top_k, out, stream_);
-    return;
-  }
-  std::vector<int32_t> ids(static_cast<size_t>(pairs));
-  NINFER_CUDA_CHECK(cudaMemcpyAsync(ids.data(), ids_dev, ids.size() * 4, cudaMemcpyDeviceToHost, stream_));
-  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-
-  // Counting sort by expert, tokens ascending within an expert: plan = [gather rows | row_of].
-  std::vector<int64_t> offsets(static_cast<size_t>(e_count + 1), 0);
-  for (const int32_t e : ids) {
-    if (e < 0 || e >= e_count) throw std::runtime_error("moe_experts: the router produced an invalid expert id");
-    ++offsets[static_cast<size_t>(e) + 1];
-  }
-  for (int64_t e = 0; e < e_count; ++e) offsets[e + 1] += offsets[e];
-  std::vector<int32_t> plan(static_cast<size_t>(2 * pairs));
-  std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t row = fill[static_cast<size_t>(ids[static_cast<size_t>(p)])]++;
-    plan[static_cast<size_t>(row)] = static_cast<int32_t>(p / top_k);          // token of grouped row
-    plan[static_cast<size_t>(pairs + p)] = static_cast<int32_t>(row);          // row of (token, slot)
-  }
-  const auto* plan_dev = stage(moe_plan_, std::span<const int32_t>(plan));
-  float* xg = scratch_of<float>(moe_x_, pairs * hidden, stream_);
-  float* gate = scratch_of<float>(moe_gate_, pairs * ff, stream_);
-  float* up = scratch_of<float>(moe_up_, pairs * ff, stream_);
-  float* y = scratch_of<float>(moe_y_, pairs * hidden, stream_);
-  launch_gather_rows(x, hidden, plan_dev, pairs, xg, stream_);
-  for (int64_t e = 0; e < e_count; ++e) {
-    const int64_t begin = offsets[e], n = offsets[e + 1] - begin;
-    if (n == 0) continue;
-    const Weight wg = row_block(experts.gate_up, e * 2 * ff, ff), wu = row_block(experts.gate_up, e * 2 * ff + ff, ff);
-    const MatmulOutput gate_up[] = {{&wg, nullptr, gate + begin * ff}, {&wu, nullptr, up + begin * ff}};
-    matmul_many(xg + begin * hidden, n, gate_up);
-  }
-  launch_swiglu(gate, up, pairs * ff, gate, stream_);
-  for (int64_t e = 0; e < e_count; ++e) {
-    const int64_t begin = offsets[e], n = offsets[e + 1] - begin;
-    if (n == 0) continue;
-    const Weight wd = row_block(experts.down, e * hidden, hidden);
-    matmul(gate + begin * ff, n, wd, nullptr, y + begin * hidden);
-  }
-  launch_moe_combine(y, hidden, plan_dev + pairs, route_weights, tokens, top_k, out, stream_);
 }
 
 }  // namespace ninfer::cuda
