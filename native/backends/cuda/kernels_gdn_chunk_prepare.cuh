@@ -22,7 +22,8 @@ struct PrepareSmem {
   }
 };
 
-// Grid (chunks of the step, value heads), kPrepareThreads threads, PrepareSmem<DK>::floats(dv)
+// Grid (value heads, chunks of the step: the heads that share a key head run together and share
+// its K, Q reads in L2), kPrepareThreads threads, PrepareSmem<DK>::floats(dv)
 // * 4 bytes of dynamic shared memory. Writes the chunk's ChunkWorkspace.
 template <int DK>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   float* betas = Gs + kChunk;    // [64] (0 past the chunk's end)
   float* eG = betas + kChunk;    // [64] e^G
 
-  const int j = blockIdx.x, h = blockIdx.y;
+  const int h = blockIdx.x, j = blockIdx.y;
   const ChunkRef ref = find_chunk(seqs, num_seqs, j);
   if (ref.seq < 0) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;

@@ -122,7 +122,7 @@ void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* 
     allowed = smem;
   }
   kernels::gdn_chunk_prepare<DK>
-      <<<dim3(static_cast<unsigned int>(chunks), static_cast<unsigned int>(shape.value_heads)),
+      <<<dim3(static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(chunks)),
          kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
 }
@@ -159,6 +159,7 @@ void launch_gdn_chunk_prepare(const GdnDims& shape, const DeltaRuleArgs& args, c
                               int chunks, float* workspace, cudaStream_t stream) {
   if (num_seqs <= 0 || chunks <= 0) return;
   check_chunked(shape, args, workspace);
+  if (chunks > 65535) throw std::invalid_argument("chunked gated delta rule (CUDA): more than 65535 chunks a launch");
   if (shape.key_dim == 64)
     prepare_for<64>(shape, args, seqs, num_seqs, chunks, workspace, stream);
   else
