@@ -18,14 +18,77 @@ struct PrepareSmem {
     return kChunk * (kQkPitch > dv + 4 ? kQkPitch : dv + 4);
   }
   __host__ __device__ static constexpr size_t floats(int dv) {
-    return size_t(kChunk) * kQkPitch + size_t(q_region(dv)) + size_t(kChunk) * kAPitch + 3 * size_t(kChunk);
+    return size_t(kChunk) * kQkPitch + size_t(q_region(dv)) + 2 * size_t(kChunk) * kAPitch + 4 * size_t(kChunk);
   }
 };
+
+// T = (I + A)^-1 by forward substitution (warps 0-1, one column per thread in registers,
+// column by column of A), then on tensor cores W = T (beta e^G K) and U = T (beta V). The V
+// copies must be in flight (committed) on entry.
+template <int DK>
+__device__ __forceinline__ void solve_t_then_products(const float* At, float* Ts, const float* Ks, const float* Vs,
+                                                      const float* betas, const float* beta_eG, int dv, float* ws,
+                                                      const ChunkWorkspace& layout) {
+  constexpr int KP = PrepareSmem<DK>::kQkPitch, AP = PrepareSmem<DK>::kAPitch;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int VP = dv + 4;
+  if (tid < kChunk) {
+    float x[kChunk];
+#pragma unroll
+    for (int r = 0; r < kChunk; ++r) x[r] = r == tid ? 1.0f : 0.0f;
+#pragma unroll
+    for (int s = 0; s < kChunk - 1; ++s) {
+#pragma unroll
+      for (int r = (s + 1) & ~3; r < kChunk; r += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(At + s * AP + r);
+        x[r] -= a.x * x[s];
+        x[r + 1] -= a.y * x[s];
+        x[r + 2] -= a.z * x[s];
+        x[r + 3] -= a.w * x[s];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kChunk; ++r) Ts[r * AP + tid] = round_tf32(x[r]);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  // Warp w: rows 16 (w % 4).. of W | U, every other n-tile from w / 4.
+  const int mt = warp & 3;
+  uint32_t a[kChunk / 8][4];
+#pragma unroll
+  for (int kk = 0; kk < kChunk / 8; ++kk) load_a<false>(a[kk], Ts + mt * 16 * AP + kk * 8, AP, g, t);
+  const int n_tiles = (DK + dv) / 8;
+  for (int nt = warp >> 2; nt < n_tiles; nt += 2) {
+    const bool is_w = nt * 8 < DK;
+    const float* src = is_w ? Ks + nt * 8 : Vs + (nt * 8 - DK);
+    const int pitch = is_w ? KP : VP;
+    const float* scale = is_w ? beta_eG : betas;
+    float acc[4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kChunk / 8; ++kk) {
+      const int k0 = kk * 8 + t;
+      uint32_t b[2];
+      b[0] = tf32_bits(scale[k0] * src[k0 * pitch + g]);
+      b[1] = tf32_bits(scale[k0 + 4] * src[(k0 + 4) * pitch + g]);
+      mma_tf32(acc, a[kk], b);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 16 + g + 8 * half;
+      if (is_w)
+        *reinterpret_cast<float2*>(ws + layout.w() + r * DK + nt * 8 + 2 * t) =
+            make_float2(round_tf32(acc[2 * half]), round_tf32(acc[2 * half + 1]));
+      else
+        *reinterpret_cast<float2*>(ws + layout.u() + int64_t(r) * dv + nt * 8 - DK + 2 * t) =
+            make_float2(acc[2 * half], acc[2 * half + 1]);
+    }
+  }
+}
 
 // Grid (value heads, chunks of the step: the heads that share a key head run together and share
 // its K, Q reads in L2), kPrepareThreads threads, PrepareSmem<DK>::floats(dv)
 // * 4 bytes of dynamic shared memory. Writes the chunk's ChunkWorkspace.
-template <int DK>
+template <int DK, bool kTensorCoreWU>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare(GdnDims shape, DeltaRuleArgs args, const GdnSeq* __restrict__ seqs, int num_seqs,
                       float* __restrict__ workspace) {
@@ -37,9 +100,11 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   float* Qs = Ks + kChunk * KP;                       // [64][KP], then V [64][VP]
   float* Vs = Qs;
   float* At = Qs + PrepareSmem<DK>::q_region(dv);     // [64][AP] Aᵀ (A is zero on and above the diagonal)
-  float* Gs = At + kChunk * AP;  // [64] G (cumulative log decay)
+  float* Ts = At + kChunk * AP;  // [64][AP] T = (I + A)^-1 (tf32)
+  float* Gs = Ts + kChunk * AP;  // [64] G (cumulative log decay)
   float* betas = Gs + kChunk;    // [64] (0 past the chunk's end)
   float* eG = betas + kChunk;    // [64] e^G
+  float* beta_eG = eG + kChunk;  // [64] beta e^G
 
   const int h = blockIdx.x, j = blockIdx.y;
   const ChunkRef ref = find_chunk(seqs, num_seqs, j);
@@ -80,6 +145,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     betas[lane + 32] = lane + 32 < len ? args.beta[(row0 + lane + 32) * hv + h] : 0.0f;
     eG[lane] = expf(lo);
     eG[lane + 32] = expf(hi);
+    beta_eG[lane] = betas[lane] * expf(lo);
+    beta_eG[lane + 32] = betas[lane + 32] * expf(hi);
     ws[layout.decay() + lane] = expf(lo);
     ws[layout.decay() + lane + 32] = expf(hi);
     ws[layout.tail() + lane] = lane < len ? expf(last - lo) : 0.0f;  // <= 1: g <= 0
@@ -139,6 +206,10 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     cp_async16(Vs + r * VP + c, args.v + (row0 + (valid ? r : 0)) * args.v_stride + int64_t(h) * dv + c, valid);
   }
   cp_async_commit();
+  if constexpr (kTensorCoreWU) {
+    solve_t_then_products<DK>(At, Ts, Ks, Vs, betas, beta_eG, dv, ws, layout);
+    return;
+  }
   cp_async_wait_all();
   __syncthreads();
 
