@@ -1,9 +1,10 @@
 // The chunk-parallel half of the chunked gated delta rule (see kernels_gdn_chunked.cuh): for
-// every (chunk, value head) at once, the decays, P, and W, U by solving (I + A) X = B in fp32.
+// every (chunk, value head) at once, the decays, P, and W, U by solving (I + A) X = B in fp32;
+// and for every (chunk, key head) the bf16 copies of Q and Kᵀ the scan multiplies with.
 #pragma once
 
 #include "backends/cuda/kernels_gdn_chunked.cuh"
-#include "backends/cuda/kernels_mma_tf32.cuh"
+#include "backends/cuda/kernels_mma.cuh"
 
 namespace ninfer::cuda::kernels {
 
@@ -18,77 +19,14 @@ struct PrepareSmem {
     return kChunk * (kQkPitch > dv + 4 ? kQkPitch : dv + 4);
   }
   __host__ __device__ static constexpr size_t floats(int dv) {
-    return size_t(kChunk) * kQkPitch + size_t(q_region(dv)) + 2 * size_t(kChunk) * kAPitch + 4 * size_t(kChunk);
+    return size_t(kChunk) * kQkPitch + size_t(q_region(dv)) + size_t(kChunk) * kAPitch + 3 * size_t(kChunk);
   }
 };
-
-// T = (I + A)^-1 by forward substitution (warps 0-1, one column per thread in registers,
-// column by column of A), then on tensor cores W = T (beta e^G K) and U = T (beta V). The V
-// copies must be in flight (committed) on entry.
-template <int DK>
-__device__ __forceinline__ void solve_t_then_products(const float* At, float* Ts, const float* Ks, const float* Vs,
-                                                      const float* betas, const float* beta_eG, int dv, float* ws,
-                                                      const ChunkWorkspace& layout) {
-  constexpr int KP = PrepareSmem<DK>::kQkPitch, AP = PrepareSmem<DK>::kAPitch;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int VP = dv + 4;
-  if (tid < kChunk) {
-    float x[kChunk];
-#pragma unroll
-    for (int r = 0; r < kChunk; ++r) x[r] = r == tid ? 1.0f : 0.0f;
-#pragma unroll
-    for (int s = 0; s < kChunk - 1; ++s) {
-#pragma unroll
-      for (int r = (s + 1) & ~3; r < kChunk; r += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(At + s * AP + r);
-        x[r] -= a.x * x[s];
-        x[r + 1] -= a.y * x[s];
-        x[r + 2] -= a.z * x[s];
-        x[r + 3] -= a.w * x[s];
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kChunk; ++r) Ts[r * AP + tid] = round_tf32(x[r]);
-  }
-  cp_async_wait_all();
-  __syncthreads();
-  // Warp w: rows 16 (w % 4).. of W | U, every other n-tile from w / 4.
-  const int mt = warp & 3;
-  uint32_t a[kChunk / 8][4];
-#pragma unroll
-  for (int kk = 0; kk < kChunk / 8; ++kk) load_a<false>(a[kk], Ts + mt * 16 * AP + kk * 8, AP, g, t);
-  const int n_tiles = (DK + dv) / 8;
-  for (int nt = warp >> 2; nt < n_tiles; nt += 2) {
-    const bool is_w = nt * 8 < DK;
-    const float* src = is_w ? Ks + nt * 8 : Vs + (nt * 8 - DK);
-    const int pitch = is_w ? KP : VP;
-    const float* scale = is_w ? beta_eG : betas;
-    float acc[4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kChunk / 8; ++kk) {
-      const int k0 = kk * 8 + t;
-      uint32_t b[2];
-      b[0] = tf32_bits(scale[k0] * src[k0 * pitch + g]);
-      b[1] = tf32_bits(scale[k0 + 4] * src[(k0 + 4) * pitch + g]);
-      mma_tf32(acc, a[kk], b);
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = mt * 16 + g + 8 * half;
-      if (is_w)
-        *reinterpret_cast<float2*>(ws + layout.w() + r * DK + nt * 8 + 2 * t) =
-            make_float2(round_tf32(acc[2 * half]), round_tf32(acc[2 * half + 1]));
-      else
-        *reinterpret_cast<float2*>(ws + layout.u() + int64_t(r) * dv + nt * 8 - DK + 2 * t) =
-            make_float2(acc[2 * half], acc[2 * half + 1]);
-    }
-  }
-}
 
 // Grid (value heads, chunks of the step: the heads that share a key head run together and share
 // its K, Q reads in L2), kPrepareThreads threads, PrepareSmem<DK>::floats(dv)
 // * 4 bytes of dynamic shared memory. Writes the chunk's ChunkWorkspace.
-template <int DK, bool kTensorCoreWU>
+template <int DK>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare(GdnDims shape, DeltaRuleArgs args, const GdnSeq* __restrict__ seqs, int num_seqs,
                       float* __restrict__ workspace) {
@@ -100,11 +38,9 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   float* Qs = Ks + kChunk * KP;                       // [64][KP], then V [64][VP]
   float* Vs = Qs;
   float* At = Qs + PrepareSmem<DK>::q_region(dv);     // [64][AP] Aᵀ (A is zero on and above the diagonal)
-  float* Ts = At + kChunk * AP;  // [64][AP] T = (I + A)^-1 (tf32)
-  float* Gs = Ts + kChunk * AP;  // [64] G (cumulative log decay)
+  float* Gs = At + kChunk * AP;  // [64] G (cumulative log decay)
   float* betas = Gs + kChunk;    // [64] (0 past the chunk's end)
   float* eG = betas + kChunk;    // [64] e^G
-  float* beta_eG = eG + kChunk;  // [64] beta e^G
 
   const int h = blockIdx.x, j = blockIdx.y;
   const ChunkRef ref = find_chunk(seqs, num_seqs, j);
@@ -113,8 +49,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   const int hk = h / (hv / shape.key_heads);
   const int len = ref.len;
   const int64_t row0 = int64_t(seqs[ref.seq].row_begin) + ref.start;
-  const ChunkWorkspace layout{DK, dv};
-  float* ws = workspace + (int64_t(j) * hv + h) * layout.floats();
+  const ChunkWorkspace layout{shape.key_heads, hv, DK, dv};
+  float* ws = workspace + layout.value_part(j, h);
 
   // K and Q rows of the chunk, zeros past its end (they then contribute nothing).
   constexpr int kVecs = DK / 4;
@@ -145,8 +81,6 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     betas[lane + 32] = lane + 32 < len ? args.beta[(row0 + lane + 32) * hv + h] : 0.0f;
     eG[lane] = expf(lo);
     eG[lane + 32] = expf(hi);
-    beta_eG[lane] = betas[lane] * expf(lo);
-    beta_eG[lane + 32] = betas[lane + 32] * expf(hi);
     ws[layout.decay() + lane] = expf(lo);
     ws[layout.decay() + lane + 32] = expf(hi);
     ws[layout.tail() + lane] = lane < len ? expf(last - lo) : 0.0f;  // <= 1: g <= 0
@@ -154,6 +88,17 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   }
   cp_async_wait_all();
   __syncthreads();
+
+  if (h % (hv / shape.key_heads) == 0) {  // the key head's first value head writes its key part
+    auto* qb = reinterpret_cast<__nv_bfloat162*>(workspace + layout.key_part(j, hk) + layout.q());
+    auto* ktb = reinterpret_cast<__nv_bfloat162*>(workspace + layout.key_part(j, hk) + layout.kt());
+    for (int i = tid; i < kChunk * DK / 2; i += kPrepareThreads) {
+      const int r = i / (DK / 2), d = (i % (DK / 2)) * 2;  // Q pair (r, d..d+1)
+      qb[i] = __floats2bfloat162_rn(Qs[r * KP + d], Qs[r * KP + d + 1]);
+      const int kd = i / (kChunk / 2), kr = (i % (kChunk / 2)) * 2;  // Kᵀ pair (d, r..r+1)
+      ktb[i] = __floats2bfloat162_rn(Ks[kr * KP + kd], Ks[(kr + 1) * KP + kd]);
+    }
+  }
 
   // K Kᵀ (warps 0-3, into A) and Q Kᵀ (warps 4-7, into P): warp owns rows 16 mt.. of all 64
   // columns; tiles wholly above the diagonal are skipped (masked to zero).
@@ -175,7 +120,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         }
       }
     }
-    float* P = ws + layout.p();
+    auto* P = reinterpret_cast<__nv_bfloat162*>(ws + layout.p());
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -189,13 +134,14 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
           if (is_a)
             v[e] = c < r ? betas[r] * x * expf(Gs[r] - Gs[c]) : 0.0f;
           else
-            v[e] = c <= r && r < len ? round_tf32(x * expf(Gs[r] - Gs[c])) : 0.0f;
+            v[e] = c <= r && r < len ? x * expf(Gs[r] - Gs[c]) : 0.0f;
         }
         if (is_a) {  // stored transposed: the solve reads A by columns
           At[s * AP + r] = v[0];
           At[(s + 1) * AP + r] = v[1];
-        } else
-          *reinterpret_cast<float2*>(P + r * kChunk + s) = make_float2(v[0], v[1]);
+        } else {
+          P[(r * kChunk + s) / 2] = __floats2bfloat162_rn(v[0], v[1]);
+        }
       }
     }
   }
@@ -206,10 +152,6 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     cp_async16(Vs + r * VP + c, args.v + (row0 + (valid ? r : 0)) * args.v_stride + int64_t(h) * dv + c, valid);
   }
   cp_async_commit();
-  if constexpr (kTensorCoreWU) {
-    solve_t_then_products<DK>(At, Ts, Ks, Vs, betas, beta_eG, dv, ws, layout);
-    return;
-  }
   cp_async_wait_all();
   __syncthreads();
 
@@ -239,9 +181,9 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
       }
     }
     if (col < DK) {
-      float* W = ws + layout.w() + col;
+      __nv_bfloat16* W = reinterpret_cast<__nv_bfloat16*>(ws + layout.w()) + col;
 #pragma unroll
-      for (int r = 0; r < kChunk; ++r) W[r * DK] = round_tf32(x[r]);
+      for (int r = 0; r < kChunk; ++r) W[r * DK] = __float2bfloat16_rn(x[r]);
     } else {
       float* U = ws + layout.u() + (col - DK);
 #pragma unroll

@@ -1,7 +1,6 @@
 // Launchers of the hybrid-model kernels (see launchers_hybrid.h).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -102,7 +101,8 @@ bool gdn_chunked_supported(const GdnDims& s) {
 int64_t gdn_chunk_count(int64_t tokens) { return (tokens + kernels::kChunk - 1) / kernels::kChunk; }
 
 int64_t gdn_chunked_workspace_floats(const GdnDims& shape, int64_t chunks) {
-  return chunks * shape.value_heads * kernels::ChunkWorkspace{shape.key_dim, shape.value_dim}.floats();
+  return chunks * kernels::ChunkWorkspace{shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim}
+                      .chunk_floats();
 }
 
 namespace {
@@ -113,23 +113,16 @@ void allow_smem(Kernel kernel, size_t bytes) {
   NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// Experiment (to be settled by bench/bench_cuda_gdn.py): NINFER_GDN_PREPARE=solve runs the
-// 256-column fp32 solve for W and U, anything else the T solve + tensor-core products.
-bool prepare_by_full_solve() {
-  const char* v = std::getenv("NINFER_GDN_PREPARE");
-  return v && std::string(v) == "solve";
-}
-
-template <int DK, bool kTensorCoreWU>
+template <int DK>
 void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs, int chunks,
                  float* workspace, cudaStream_t stream) {
   const size_t smem = kernels::PrepareSmem<DK>::floats(shape.value_dim) * sizeof(float);
   static size_t allowed = 0;  // the opt-in grows with value_dim
   if (smem > allowed) {
-    allow_smem(kernels::gdn_chunk_prepare<DK, kTensorCoreWU>, smem);
+    allow_smem(kernels::gdn_chunk_prepare<DK>, smem);
     allowed = smem;
   }
-  kernels::gdn_chunk_prepare<DK, kTensorCoreWU>
+  kernels::gdn_chunk_prepare<DK>
       <<<dim3(static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(chunks)),
          kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
@@ -139,7 +132,7 @@ template <int DK, int NT>
 void scan_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
               const float* workspace, cudaStream_t stream) {
   using Scan = kernels::ScanShape<DK, NT>;
-  constexpr size_t kSmem = Scan::kFloats * sizeof(float);
+  constexpr size_t kSmem = Scan::kBytes;
   static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT>, kSmem), true);
   (void)configured;
   const dim3 grid(static_cast<unsigned int>(shape.value_dim / NT), static_cast<unsigned int>(shape.value_heads),
@@ -168,13 +161,10 @@ void launch_gdn_chunk_prepare(const GdnDims& shape, const DeltaRuleArgs& args, c
   if (num_seqs <= 0 || chunks <= 0) return;
   check_chunked(shape, args, workspace);
   if (chunks > 65535) throw std::invalid_argument("chunked gated delta rule (CUDA): more than 65535 chunks a launch");
-  const bool full_solve = prepare_by_full_solve();
   if (shape.key_dim == 64)
-    full_solve ? prepare_for<64, false>(shape, args, seqs, num_seqs, chunks, workspace, stream)
-               : prepare_for<64, true>(shape, args, seqs, num_seqs, chunks, workspace, stream);
+    prepare_for<64>(shape, args, seqs, num_seqs, chunks, workspace, stream);
   else
-    full_solve ? prepare_for<128, false>(shape, args, seqs, num_seqs, chunks, workspace, stream)
-               : prepare_for<128, true>(shape, args, seqs, num_seqs, chunks, workspace, stream);
+    prepare_for<128>(shape, args, seqs, num_seqs, chunks, workspace, stream);
 }
 
 void launch_gdn_chunk_scan(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,

@@ -1,13 +1,18 @@
-// Warp-level tf32 tensor-core products (mma.sync m16n8k8, fp32 accumulation) on fp32 tiles in
-// shared memory, and cp.async copies into shared memory. Fragment layouts (PTX ISA, "Matrix
-// fragments for mma.m16n8k8" with .tf32), g = lane / 4, t = lane % 4:
-//   A 16x8:  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
-//   B 8x8:   b0 (t, g)  b1 (t+4, g)
-//   C 16x8:  c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)
+// Warp-level tensor-core products with fp32 accumulation (mma.sync), and cp.async copies into
+// shared memory. Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k8 / m16n8k16"),
+// g = lane / 4, t = lane % 4:
+//   tf32 m16n8k8, fp32 tiles:
+//     A 16x8:  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
+//     B 8x8:   b0 (t, g)  b1 (t+4, g)
+//   bf16 m16n8k16, bf16 tiles, each register a pair of consecutive k:
+//     A 16x16: a0 (g, 2t..)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//     B 16x8:  b0 (2t.., g)  b1 (2t+8.., g)
+//   both: C 16x8: c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)
 // Row pitches of the tiles are chosen per use so that a warp's 32 fragment reads hit 32
 // different banks (pitch = 4 mod 32 floats when a fragment walks rows by g, 8 mod 32 when by t).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -71,6 +76,37 @@ template <bool kRound>
 __device__ __forceinline__ void load_b_transposed(uint32_t (&b)[2], const float* x, int pitch, int g, int t) {
   b[0] = tf32_operand<kRound>(x[g * pitch + t]);
   b[1] = tf32_operand<kRound>(x[g * pitch + t + 4]);
+}
+
+// d += a b for one 16x8x16 bf16 tile.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Two floats as a bf16 pair (round to nearest even), `lo` in the low half: the lower k index of
+// a fragment register.
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// bf16 fragment readers; `x` points at the tile's (0, 0) element, pitch in elements (a pitch of
+// 8 mod 64 elements keeps a warp's reads on 32 different banks).
+// A from a row-major [m][k] tile.
+__device__ __forceinline__ void load_a_bf16(uint32_t (&a)[4], const __nv_bfloat16* x, int pitch, int g, int t) {
+  a[0] = *reinterpret_cast<const uint32_t*>(x + g * pitch + 2 * t);
+  a[1] = *reinterpret_cast<const uint32_t*>(x + (g + 8) * pitch + 2 * t);
+  a[2] = *reinterpret_cast<const uint32_t*>(x + g * pitch + 2 * t + 8);
+  a[3] = *reinterpret_cast<const uint32_t*>(x + (g + 8) * pitch + 2 * t + 8);
+}
+// B from an [n][k] tile.
+__device__ __forceinline__ void load_b_bf16(uint32_t (&b)[2], const __nv_bfloat16* x, int pitch, int g, int t) {
+  b[0] = *reinterpret_cast<const uint32_t*>(x + g * pitch + 2 * t);
+  b[1] = *reinterpret_cast<const uint32_t*>(x + g * pitch + 2 * t + 8);
 }
 
 // 16 bytes global -> shared, asynchronously; zeros instead when !valid (src is not read then,
