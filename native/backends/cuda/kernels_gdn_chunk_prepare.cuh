@@ -118,7 +118,7 @@ __device__ __forceinline__ void invert_unit_lower(const float* As, float* Ts, fl
 // Grid (value heads, chunks of the step: the heads that share a key head run together and share
 // its K, Q reads in L2), kPrepareThreads threads, PrepareSmem<DK>::floats(dv)
 // * 4 bytes of dynamic shared memory. Writes the chunk's ChunkWorkspace.
-template <int DK, bool kBlockedInverse>
+template <int DK>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare(GdnDims shape, DeltaRuleArgs args, const GdnSeq* __restrict__ seqs, int num_seqs,
                       float* __restrict__ workspace) {
@@ -156,6 +156,20 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     cp_async16(Qs + r * KP + c, args.q + src, valid);
   }
   cp_async_commit();
+  // V (up to dv 128) is loaded into registers now, so its latency hides behind the products;
+  // it goes to shared memory once Q is spent.
+  constexpr int kVRegs = kChunk * 128 / 4 / kPrepareThreads;
+  const bool v_in_registers = dv <= 128;
+  float4 v_regs[kVRegs];
+  if (v_in_registers) {
+#pragma unroll
+    for (int k = 0; k < kVRegs; ++k) {
+      const int i = tid + k * kPrepareThreads, r = i / (dv / 4), c = (i % (dv / 4)) * 4;
+      v_regs[k] = i < kChunk * (dv / 4) && r < len
+                      ? __ldg(reinterpret_cast<const float4*>(args.v + (row0 + r) * args.v_stride + int64_t(h) * dv + c))
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
   if (warp == 0) {  // inclusive scan of g over the chunk, two halves of 32
     float lo = lane < len ? args.g[(row0 + lane) * hv + h] : 0.0f;
     float hi = lane + 32 < len ? args.g[(row0 + lane + 32) * hv + h] : 0.0f;
@@ -231,12 +245,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
             v[e] = c <= r && r < len ? x * expf(Gs[r] - Gs[c]) : 0.0f;
         }
         if (is_a) {
-          if constexpr (kBlockedInverse) {
-            *reinterpret_cast<float2*>(As + r * AP + s) = make_float2(v[0], v[1]);
-          } else {  // transposed for the column solve
-            As[s * AP + r] = v[0];
-            As[(s + 1) * AP + r] = v[1];
-          }
+          *reinterpret_cast<float2*>(As + r * AP + s) = make_float2(v[0], v[1]);
         } else {
           P[(r * kChunk + s) / 2] = __floats2bfloat162_rn(v[0], v[1]);
         }
@@ -244,51 +253,19 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     }
   }
   __syncthreads();  // Q is spent: V takes its place
-  for (int i = tid; i < kChunk * (dv / 4); i += kPrepareThreads) {
-    const int r = i / (dv / 4), c = (i % (dv / 4)) * 4;
-    const bool valid = r < len;
-    cp_async16(Vs + r * VP + c, args.v + (row0 + (valid ? r : 0)) * args.v_stride + int64_t(h) * dv + c, valid);
-  }
-  cp_async_commit();
-  if constexpr (!kBlockedInverse) {
-    cp_async_wait_all();
-    __syncthreads();
-  // (I + A) X = B by forward substitution, one column per thread with the column in registers:
-  // columns [0, DK) are W (B = beta e^G K), the next dv are U (B = beta V). Rows past the
-  // chunk's end have B = 0 and A = 0, so they stay 0. Column by column of A (x_s is final once
-  // the columns before it are applied), in blocks of 4 rows (A_rs = 0 for r <= s, so the first
-  // block's extra rows lose nothing).
-  for (int col = tid; col < DK + dv; col += kPrepareThreads) {
-    float x[kChunk];
-    if (col < DK) {
+  if (v_in_registers) {
 #pragma unroll
-      for (int r = 0; r < kChunk; ++r) x[r] = betas[r] * eG[r] * Ks[r * KP + col];
-    } else {
-#pragma unroll
-      for (int r = 0; r < kChunk; ++r) x[r] = betas[r] * Vs[r * VP + col - DK];
+    for (int k = 0; k < kVRegs; ++k) {
+      const int i = tid + k * kPrepareThreads;
+      if (i < kChunk * (dv / 4)) *reinterpret_cast<float4*>(Vs + i / (dv / 4) * VP + (i % (dv / 4)) * 4) = v_regs[k];
     }
-#pragma unroll
-    for (int s = 0; s < kChunk - 1; ++s) {
-#pragma unroll
-      for (int r = (s + 1) & ~3; r < kChunk; r += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(As + s * AP + r);
-        x[r] -= a.x * x[s];
-        x[r + 1] -= a.y * x[s];
-        x[r + 2] -= a.z * x[s];
-        x[r + 3] -= a.w * x[s];
-      }
+  } else {
+    for (int i = tid; i < kChunk * (dv / 4); i += kPrepareThreads) {
+      const int r = i / (dv / 4), c = (i % (dv / 4)) * 4;
+      const bool valid = r < len;
+      cp_async16(Vs + r * VP + c, args.v + (row0 + (valid ? r : 0)) * args.v_stride + int64_t(h) * dv + c, valid);
     }
-    if (col < DK) {
-      __nv_bfloat16* W = reinterpret_cast<__nv_bfloat16*>(ws + layout.w()) + col;
-#pragma unroll
-      for (int r = 0; r < kChunk; ++r) W[r * DK] = __float2bfloat16_rn(x[r]);
-    } else {
-      float* U = ws + layout.u() + (col - DK);
-#pragma unroll
-      for (int r = 0; r < kChunk; ++r) U[int64_t(r) * dv] = x[r];
-    }
-  }
-    return;
+    cp_async_commit();
   }
   invert_unit_lower<DK>(As, Ts, Xs);  // ends with a barrier; the V copies land meanwhile
   cp_async_wait_all();

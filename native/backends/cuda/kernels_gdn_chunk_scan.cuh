@@ -147,14 +147,19 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = (mt & 3) * 16 + g + 8 * (e >> 1), cc = n_base + nt * 8 + 2 * t + (e & 1);
+      for (int half = 0; half < 2; ++half) {
+        const int r = (mt & 3) * 16 + g + 8 * half, cc = n_base + nt * 8 + 2 * t;
+        float* pair = acc[nt] + 2 * half;
         if (w_rows) {
-          const float v = Us[r * UP + cc] - acc[nt][e];
-          Vt[cc * TP + r] = __float2bfloat16_rn(v);
-          Vtt[cc * TP + r] = __float2bfloat16_rn(tail[r] * v);
+          const float2 u = *reinterpret_cast<const float2*>(Us + r * UP + cc);
+          const float v0 = u.x - pair[0], v1 = u.y - pair[1];
+          Vt[cc * TP + r] = __float2bfloat16_rn(v0);
+          Vt[(cc + 1) * TP + r] = __float2bfloat16_rn(v1);
+          Vtt[cc * TP + r] = __float2bfloat16_rn(tail[r] * v0);
+          Vtt[(cc + 1) * TP + r] = __float2bfloat16_rn(tail[r] * v1);
         } else {
-          acc[nt][e] *= eG[r];
+          pair[0] *= eG[r];
+          pair[1] *= eG[r];
         }
       }
     __syncthreads();  // V' is in

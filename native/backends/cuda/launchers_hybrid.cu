@@ -1,7 +1,6 @@
 // Launchers of the hybrid-model kernels (see launchers_hybrid.h).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -114,23 +113,16 @@ void allow_smem(Kernel kernel, size_t bytes) {
   NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// Experiment (settled by bench/bench_cuda_gdn.py, then removed): NINFER_GDN_PREPARE=solve runs
-// the 256-column fp32 solve for W and U instead of the blocked inverse + tensor-core products.
-bool prepare_by_column_solve() {
-  const char* v = std::getenv("NINFER_GDN_PREPARE");
-  return v && std::string(v) == "solve";
-}
-
-template <int DK, bool kBlockedInverse>
+template <int DK>
 void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs, int chunks,
                  float* workspace, cudaStream_t stream) {
   const size_t smem = kernels::PrepareSmem<DK>::floats(shape.value_dim) * sizeof(float);
   static size_t allowed = 0;  // the opt-in grows with value_dim
   if (smem > allowed) {
-    allow_smem(kernels::gdn_chunk_prepare<DK, kBlockedInverse>, smem);
+    allow_smem(kernels::gdn_chunk_prepare<DK>, smem);
     allowed = smem;
   }
-  kernels::gdn_chunk_prepare<DK, kBlockedInverse>
+  kernels::gdn_chunk_prepare<DK>
       <<<dim3(static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(chunks)),
          kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
@@ -169,13 +161,10 @@ void launch_gdn_chunk_prepare(const GdnDims& shape, const DeltaRuleArgs& args, c
   if (num_seqs <= 0 || chunks <= 0) return;
   check_chunked(shape, args, workspace);
   if (chunks > 65535) throw std::invalid_argument("chunked gated delta rule (CUDA): more than 65535 chunks a launch");
-  const bool column_solve = prepare_by_column_solve();
   if (shape.key_dim == 64)
-    column_solve ? prepare_for<64, false>(shape, args, seqs, num_seqs, chunks, workspace, stream)
-                 : prepare_for<64, true>(shape, args, seqs, num_seqs, chunks, workspace, stream);
+    prepare_for<64>(shape, args, seqs, num_seqs, chunks, workspace, stream);
   else
-    column_solve ? prepare_for<128, false>(shape, args, seqs, num_seqs, chunks, workspace, stream)
-                 : prepare_for<128, true>(shape, args, seqs, num_seqs, chunks, workspace, stream);
+    prepare_for<128>(shape, args, seqs, num_seqs, chunks, workspace, stream);
 }
 
 void launch_gdn_chunk_scan(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
