@@ -1,6 +1,7 @@
 // Launchers of the hybrid-model kernels (see launchers_hybrid.h).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -113,6 +114,13 @@ void allow_smem(Kernel kernel, size_t bytes) {
   NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// Experiment (settled by bench/bench_cuda_gdn.py, then removed): NINFER_GDN_PREPARE=value_head
+// runs a block per (value head, chunk) instead of per (key head, chunk).
+bool prepare_per_value_head() {
+  const char* v = std::getenv("NINFER_GDN_PREPARE");
+  return v && std::string(v) == "value_head";
+}
+
 template <int DK>
 void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs, int chunks,
                  float* workspace, cudaStream_t stream) {
@@ -120,11 +128,17 @@ void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* 
   static size_t allowed = 0;  // the opt-in grows with value_dim
   if (smem > allowed) {
     allow_smem(kernels::gdn_chunk_prepare<DK>, smem);
+    allow_smem(kernels::gdn_chunk_prepare_by_key_head<DK>, smem);
     allowed = smem;
   }
-  kernels::gdn_chunk_prepare<DK>
-      <<<dim3(static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(chunks)),
-         kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
+  if (prepare_per_value_head())
+    kernels::gdn_chunk_prepare<DK>
+        <<<dim3(static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(chunks)),
+           kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
+  else
+    kernels::gdn_chunk_prepare_by_key_head<DK>
+        <<<dim3(static_cast<unsigned int>(shape.key_heads), static_cast<unsigned int>(chunks)),
+           kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
