@@ -142,16 +142,27 @@ void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* 
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
+// Experiment (settled by bench/bench_cuda_gdn.py, then removed): NINFER_GDN_SCAN=narrow runs
+// the [W; Q] S and P V' products in 16x32 warp tiles instead of 32x32.
+bool scan_narrow_tiles() {
+  const char* v = std::getenv("NINFER_GDN_SCAN");
+  return v && std::string(v) == "narrow";
+}
+
 template <int DK, int NT>
 void scan_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
               const float* workspace, cudaStream_t stream) {
   using Scan = kernels::ScanShape<DK, NT>;
   constexpr size_t kSmem = Scan::kBytes;
-  static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT>, kSmem), true);
+  static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT, true>, kSmem),
+                                  allow_smem(kernels::gdn_chunk_scan<DK, NT, false>, kSmem), true);
   (void)configured;
   const dim3 grid(static_cast<unsigned int>(shape.value_dim / NT), static_cast<unsigned int>(shape.value_heads),
                   static_cast<unsigned int>(num_seqs));
-  kernels::gdn_chunk_scan<DK, NT><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
+  if (scan_narrow_tiles())
+    kernels::gdn_chunk_scan<DK, NT, false><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
+  else
+    kernels::gdn_chunk_scan<DK, NT, true><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
