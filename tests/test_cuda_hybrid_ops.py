@@ -250,9 +250,13 @@ def test_gated_delta_rule_split_calls_equal_one_call(ops, rng):
     check(two, one.astype(np.float64), rng, 1e-6, "split state")
 
 
-# The chunked form multiplies on tf32 tensor cores (10-bit mantissas, fp32 accumulation): its
-# relative errors are ~3e-4; a wrong index or mask gives O(1).
-CHUNKED_TOL = 2e-3
+# The chunked form multiplies bf16 operands on tensor cores (fp32 state and accumulation): its
+# relative errors are a few 1e-3; a wrong index, mask or decay gives O(0.1-1).
+CHUNKED_TOL = 1e-2
+
+
+def rel_err(ours, ref) -> float:
+    return float(np.linalg.norm(ours.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def delta_rule_inputs(rng, rows, hk, hv, dk, dv, decay=0.5):
@@ -283,6 +287,11 @@ def check_chunked_against_recurrent_and_reference(ops, rng, lengths, hk, hv, dk,
         sl = slice(begin, begin + n)
         ref_out, ref_state, _ = delta_rule_reference(
             q[sl], k[sl], v[sl], g[sl], beta[sl], before[slot]
+        )
+        print(
+            f"chunked vs float64, {n} tokens, heads {hk}/{hv}, dims {dk}/{dv}, decay {decay}: "
+            f"out {rel_err(chunked_out[sl], ref_out):.2e}, "
+            f"state {rel_err(chunked_states[slot], ref_state):.2e}"
         )
         check(chunked_out[sl], ref_out, rng, CHUNKED_TOL, f"chunked out, {n} tokens")
         check(chunked_states[slot], ref_state, rng, CHUNKED_TOL, f"chunked state, {n} tokens")

@@ -1,70 +1,80 @@
 // The sequential half of the chunked gated delta rule (see kernels_gdn_chunked.cuh): one block
 // per (tile of NT state columns, value head, sequence) walks the sequence's chunks in order,
-// with its dk x NT slice of the state in registers (exact fp32) and a tf32 copy in shared memory
-// as the operand of the next chunk's products. Per chunk, on tensor cores:
+// with its dk x NT slice of the state in registers (exact fp32) and a bf16 copy of it in shared
+// memory as the operand of the next chunk's products. Per chunk, on bf16 tensor cores:
 //   1. [W; Q] S (128 x NT): the W rows give V' = U - W S, the Q rows O' = e^G (Q S);
-//   2. O = O' + P V' (Q warps) and S <- e^{G_last} S + Kᵀ (e^{G_last-G} V') (all warps).
-// Copies into shared memory are cp.async, issued as soon as the previous chunk is done with a
-// buffer: W, Q, U and the decays of chunk c+1 during step 2 of chunk c, K and P of chunk c during
-// its step 1. Two barriers a chunk.
+//   2. O = O' + P V' (the Q rows' warps) and S <- e^{G_last} S + Kᵀ (e^{G_last-G} V') (all warps).
+// The chunk's operands (W, Q, Kᵀ, P in bf16; U, decays in fp32) come from the prepare kernel's
+// workspace through two shared-memory stages: chunk c+1's copies are issued when chunk c starts,
+// so their latency hides behind a whole chunk of work. Two barriers a chunk.
 #pragma once
 
 #include "backends/cuda/kernels_gdn_chunked.cuh"
-#include "backends/cuda/kernels_mma_tf32.cuh"
+#include "backends/cuda/kernels_mma.cuh"
 
 namespace ninfer::cuda::kernels {
 
-// NT state columns per block, 8 warps per 32 columns: warp w owns rows 16 (w % 8).. of the
-// 128-row products and columns 32 (w / 8).. of the tile.
+// NT state columns per block, 8 warps per 32 columns: warp w owns rows 16 (w % 8).. and columns
+// 32 (w / 8).. of the state; the [W; Q] S and P V' products run in 32x32 tiles on half the warps. Offsets in bytes; bf16 pitches of
+// 8 mod 64 elements (fragment reads on 32 different banks).
 template <int DK, int NT>
 struct ScanShape {
   static constexpr int kWarps = 8 * NT / 32;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kWqPitch = DK + 4;    // W, Q: A operands walked by g
-  static constexpr int kKPitch = DK + 8;     // K: the transposed A operand, walked by t
-  static constexpr int kPPitch = kChunk + 4;
-  static constexpr int kColPitch = NT + 8;   // U, V', S: B operands walked by t
+  static constexpr int kTileWarps = 4 * NT / 32;  // the 32x32 tiles of the 128 x NT products
+  static constexpr int kRowPitch = DK + 8;       // bf16 [64][DK] (W, Q) and Sᵀ [NT][DK]
+  static constexpr int kTokenPitch = kChunk + 8;  // bf16 [.][64] (Kᵀ, P, V'ᵀ)
+  static constexpr int kUPitch = NT + 8;          // fp32 U [64][NT]
+  // One stage: a chunk's operands.
   static constexpr int kW = 0;
-  static constexpr int kQ = kW + kChunk * kWqPitch;
-  static constexpr int kU = kQ + kChunk * kWqPitch;
-  static constexpr int kDecay = kU + kChunk * kColPitch;  // [2 buffers][e^G 64 | tail 64]
-  static constexpr int kK = kDecay + 4 * kChunk;
-  static constexpr int kP = kK + kChunk * kKPitch;
-  static constexpr int kV = kP + kChunk * kPPitch;          // V' (tf32)
-  static constexpr int kVt = kV + kChunk * kColPitch;       // e^{G_last-G} V' (tf32)
-  static constexpr int kS = kVt + kChunk * kColPitch;       // S (tf32)
-  static constexpr size_t kFloats = size_t(kS) + size_t(DK) * kColPitch;
+  static constexpr int kQ = kW + kChunk * kRowPitch * 2;
+  static constexpr int kKt = kQ + kChunk * kRowPitch * 2;
+  static constexpr int kP = kKt + DK * kTokenPitch * 2;
+  static constexpr int kU = kP + kChunk * kTokenPitch * 2;
+  static constexpr int kDecay = kU + kChunk * kUPitch * 4;  // e^G [64] | tail [64]
+  static constexpr int kStage = kDecay + 2 * kChunk * 4;
+  // After the two stages: Sᵀ, V'ᵀ, (tail V')ᵀ.
+  static constexpr int kSt = 2 * kStage;
+  static constexpr int kVt = kSt + NT * kRowPitch * 2;
+  static constexpr int kVtt = kVt + NT * kTokenPitch * 2;
+  static constexpr size_t kBytes = size_t(kVtt) + size_t(NT) * kTokenPitch * 2;
 };
 
-template <int DK, int NT>
+template <int DK, int NT, bool kWideTiles>
 __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
     gdn_chunk_scan(GdnDims shape, DeltaRuleArgs args, const GdnSeq* __restrict__ seqs,
                    const float* __restrict__ workspace) {
   using L = ScanShape<DK, NT>;
-  constexpr int WQP = L::kWqPitch, KP = L::kKPitch, PP = L::kPPitch, CP = L::kColPitch;
-  extern __shared__ __align__(16) float smem[];
-  float* Ws = smem + L::kW;
-  float* Qs = smem + L::kQ;
-  float* Us = smem + L::kU;
-  float* decays = smem + L::kDecay;
-  float* Ks = smem + L::kK;
-  float* Ps = smem + L::kP;
-  float* Vs = smem + L::kV;
-  float* Vts = smem + L::kVt;
-  float* Ss = smem + L::kS;
+  using bf16 = __nv_bfloat16;
+  constexpr int RP = L::kRowPitch, TP = L::kTokenPitch, UP = L::kUPitch;
+  extern __shared__ __align__(16) unsigned char scan_smem[];
+  unsigned char* smem = scan_smem;
+  bf16* St = reinterpret_cast<bf16*>(smem + L::kSt);
+  bf16* Vt = reinterpret_cast<bf16*>(smem + L::kVt);
+  bf16* Vtt = reinterpret_cast<bf16*>(smem + L::kVtt);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int mt = warp % 8, n_base = (warp / 8) * 32;  // rows 16 mt.. of [W; Q] and of S
-  const bool w_rows = mt < 4;
+  const int mt = warp % 8, n_base = (warp / 8) * 32;  // rows 16 mt.. and columns n_base.. of S
   const bool owns_state = mt * 16 < DK;
   const int h = blockIdx.y, col0 = blockIdx.x * NT;
   const GdnSeq seq = seqs[blockIdx.z];
   const int dv = shape.value_dim, hv = shape.value_heads;
   const int hk = h / (hv / shape.key_heads);
-  const ChunkWorkspace layout{DK, dv};
+  const ChunkWorkspace layout{shape.key_heads, hv, DK, dv};
   const int first_chunk = first_chunk_of(seqs, blockIdx.z);
   const int chunks = (seq.num_tokens + kChunk - 1) / kChunk;
   float* state = seq.ssm_state + int64_t(h) * DK * dv + col0;
+
+  // Sᵀ[col][row] = bf16(S[row][col]) for the pairs of a C fragment.
+  auto store_state_copy = [&](const float (&s)[4][4]) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = mt * 16 + g + 8 * (e >> 1), c = n_base + nt * 8 + 2 * t + (e & 1);
+        St[c * RP + r] = __float2bfloat16_rn(s[nt][e]);
+      }
+  };
 
   // The state slice in C-fragment order: rows 16 mt + g (+8), columns n_base + 8 nt + 2t (+1).
   float s_reg[4][4] = {};
@@ -77,74 +87,62 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
         const float2 v = *reinterpret_cast<const float2*>(state + int64_t(r) * dv + c);
         s_reg[nt][2 * half] = v.x;
         s_reg[nt][2 * half + 1] = v.y;
-        *reinterpret_cast<float2*>(Ss + r * CP + c) = make_float2(round_tf32(v.x), round_tf32(v.y));
       }
+    store_state_copy(s_reg);
   }
 
-  auto chunk_ws = [&](int c) { return workspace + (int64_t(first_chunk + c) * hv + h) * layout.floats(); };
-  auto chunk_len = [&](int c) { return min(kChunk, seq.num_tokens - c * kChunk); };
-  // Rows of q/k of chunk c: zeros past its end.
-  auto load_rows = [&](float* dst, int pitch, const float* src, int c) {
-    const int len = chunk_len(c);
-    const int64_t row0 = int64_t(seq.row_begin) + c * kChunk;
-    constexpr int kVecs = DK / 4;
-    for (int i = tid; i < kChunk * kVecs; i += L::kThreads) {
-      const int r = i / kVecs, k = (i % kVecs) * 4;
-      const bool valid = r < len;
-      cp_async16(dst + r * pitch + k, src + (row0 + (valid ? r : 0)) * args.qk_stride + int64_t(hk) * DK + k, valid);
+  auto copy_rows = [&](unsigned char* dst, int dst_pitch, const float* src, int src_pitch, int rows, int row_bytes) {
+    const int vecs = row_bytes / 16;
+    for (int i = tid; i < rows * vecs; i += L::kThreads) {
+      const int r = i / vecs, v = i % vecs;
+      cp_async16(dst + r * dst_pitch + v * 16, reinterpret_cast<const unsigned char*>(src + r * src_pitch) + v * 16,
+                 true);
     }
   };
-  auto load_wqu = [&](int c) {
-    const float* ws = chunk_ws(c);
-    constexpr int kWVecs = DK / 4, kUVecs = NT / 4;
-    for (int i = tid; i < kChunk * kWVecs; i += L::kThreads) {
-      const int r = i / kWVecs, k = (i % kWVecs) * 4;
-      cp_async16(Ws + r * WQP + k, ws + layout.w() + r * DK + k, true);
-    }
-    load_rows(Qs, WQP, args.q + 0, c);
-    for (int i = tid; i < kChunk * kUVecs; i += L::kThreads) {
-      const int r = i / kUVecs, k = (i % kUVecs) * 4;
-      cp_async16(Us + r * CP + k, ws + layout.u() + int64_t(r) * dv + col0 + k, true);
-    }
-    if (tid < 2 * kChunk / 4) {  // e^G then tail, contiguous in the workspace
-      float* dst = decays + (c & 1) * 2 * kChunk + tid * 4;
-      cp_async16(dst, ws + layout.decay() + tid * 4, true);
-    }
-    cp_async_commit();
-  };
-  auto load_kp = [&](int c) {
-    const float* ws = chunk_ws(c);
-    load_rows(Ks, KP, args.k, c);
-    constexpr int kPVecs = kChunk / 4;
-    for (int i = tid; i < kChunk * kPVecs; i += L::kThreads) {
-      const int r = i / kPVecs, k = (i % kPVecs) * 4;
-      cp_async16(Ps + r * PP + k, ws + layout.p() + r * kChunk + k, true);
-    }
+  // All of chunk c's operands into stage c % 2.
+  auto load_chunk = [&](int c) {
+    unsigned char* stage = smem + (c & 1) * L::kStage;
+    const float* key = workspace + layout.key_part(first_chunk + c, hk);
+    const float* value = workspace + layout.value_part(first_chunk + c, h);
+    copy_rows(stage + L::kW, RP * 2, value + layout.w(), DK / 2, kChunk, DK * 2);
+    copy_rows(stage + L::kQ, RP * 2, key + layout.q(), DK / 2, kChunk, DK * 2);
+    copy_rows(stage + L::kKt, TP * 2, key + layout.kt(), kChunk / 2, DK, kChunk * 2);
+    copy_rows(stage + L::kP, TP * 2, value + layout.p(), kChunk / 2, kChunk, kChunk * 2);
+    copy_rows(stage + L::kU, UP * 4, value + layout.u() + col0, dv, kChunk, NT * 4);
+    copy_rows(stage + L::kDecay, 0, value + layout.decay(), 0, 1, 2 * kChunk * 4);  // e^G, tail: contiguous
     cp_async_commit();
   };
 
-  if (chunks > 0) load_wqu(0);
+  if (chunks > 0) load_chunk(0);
   for (int c = 0; c < chunks; ++c) {
-    const int len = chunk_len(c);
-    const float* eG = decays + (c & 1) * 2 * kChunk;
+    const int len = min(kChunk, seq.num_tokens - c * kChunk);
+    unsigned char* stage = smem + (c & 1) * L::kStage;
+    const bf16* Ws = reinterpret_cast<const bf16*>(stage + L::kW);
+    const bf16* Qs = reinterpret_cast<const bf16*>(stage + L::kQ);
+    const bf16* Kts = reinterpret_cast<const bf16*>(stage + L::kKt);
+    const bf16* Ps = reinterpret_cast<const bf16*>(stage + L::kP);
+    const float* Us = reinterpret_cast<const float*>(stage + L::kU);
+    const float* eG = reinterpret_cast<const float*>(stage + L::kDecay);
     const float* tail = eG + kChunk;
     cp_async_wait_all();
-    __syncthreads();  // W, Q, U of c and S are in; chunk c-1 is done with K, P, V'
-    load_kp(c);
+    __syncthreads();  // chunk c is in, Sᵀ is current; chunk c-1 is done with the other stage
+    if (c + 1 < chunks) load_chunk(c + 1);
 
+    if constexpr (!kWideTiles) {
+      const bool w_rows_ = mt < 4;
     // 1. [W; Q] S for rows 16 mt.. and columns n_base..n_base+31.
     float acc[4][4] = {};
     {
-      const float* X = (w_rows ? Ws : Qs) + (mt & 3) * 16 * WQP;
-#pragma unroll 4
-      for (int kk = 0; kk < DK / 8; ++kk) {
+      const bf16* X = (w_rows_ ? Ws : Qs) + (mt & 3) * 16 * RP;
+#pragma unroll
+      for (int kk = 0; kk < DK / 16; ++kk) {
         uint32_t a[4];
-        load_a<true>(a, X + kk * 8, WQP, g, t);  // W is tf32 already (rounding is then exact)
+        load_a_bf16(a, X + kk * 16, RP, g, t);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           uint32_t b[2];
-          load_b<false>(b, Ss + kk * 8 * CP + n_base + nt * 8, CP, g, t);
-          mma_tf32(acc[nt], a, b);
+          load_b_bf16(b, St + (n_base + nt * 8) * RP + kk * 16, RP, g, t);
+          mma_bf16(acc[nt], a, b);
         }
       }
     }
@@ -154,33 +152,32 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
       for (int half = 0; half < 2; ++half) {
         const int r = (mt & 3) * 16 + g + 8 * half, cc = n_base + nt * 8 + 2 * t;
         float* pair = acc[nt] + 2 * half;
-        if (w_rows) {
-          const float2 u = *reinterpret_cast<const float2*>(Us + r * CP + cc);
+        if (w_rows_) {
+          const float2 u = *reinterpret_cast<const float2*>(Us + r * UP + cc);
           const float v0 = u.x - pair[0], v1 = u.y - pair[1];
-          *reinterpret_cast<float2*>(Vs + r * CP + cc) = make_float2(round_tf32(v0), round_tf32(v1));
-          *reinterpret_cast<float2*>(Vts + r * CP + cc) =
-              make_float2(round_tf32(tail[r] * v0), round_tf32(tail[r] * v1));
+          Vt[cc * TP + r] = __float2bfloat16_rn(v0);
+          Vt[(cc + 1) * TP + r] = __float2bfloat16_rn(v1);
+          Vtt[cc * TP + r] = __float2bfloat16_rn(tail[r] * v0);
+          Vtt[(cc + 1) * TP + r] = __float2bfloat16_rn(tail[r] * v1);
         } else {
           pair[0] *= eG[r];
           pair[1] *= eG[r];
         }
       }
-    cp_async_wait_all();
-    __syncthreads();  // V' and K, P of c are in; W, Q, U of c are spent
-    if (c + 1 < chunks) load_wqu(c + 1);
+    __syncthreads();  // V' is in
 
     // 2a. O = e^G (Q S) + P V' (the Q warps, whose acc holds e^G Q S).
-    if (!w_rows) {
-      const float* Prow = Ps + (mt - 4) * 16 * PP;
-#pragma unroll 2
-      for (int kk = 0; kk < kChunk / 8; ++kk) {
+    if (!w_rows_) {
+      const bf16* Prow = Ps + (mt - 4) * 16 * TP;
+#pragma unroll
+      for (int kk = 0; kk < kChunk / 16; ++kk) {
         uint32_t a[4];
-        load_a<false>(a, Prow + kk * 8, PP, g, t);
+        load_a_bf16(a, Prow + kk * 16, TP, g, t);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           uint32_t b[2];
-          load_b<false>(b, Vs + kk * 8 * CP + n_base + nt * 8, CP, g, t);
-          mma_tf32(acc[nt], a, b);
+          load_b_bf16(b, Vt + (n_base + nt * 8) * TP + kk * 16, TP, g, t);
+          mma_bf16(acc[nt], a, b);
         }
       }
       const int64_t row0 = int64_t(seq.row_begin) + c * kChunk;
@@ -195,6 +192,81 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
         }
     }
 
+    } else {
+    // 1. [W; Q] S in 32x32 tiles (half the shared-memory reads of 16x32 tiles): warp w < kTileWarps
+    //    owns rows 32 (w % 4).. of [W; Q] and columns 32 (w / 4)..
+    float acc[2][4][4] = {};
+    const int rp = warp % 4, cb = (warp / 4) * 32;
+    const bool tile_warp = warp < L::kTileWarps, w_tile = rp < 2;
+    if (tile_warp) {
+      const bf16* X = (w_tile ? Ws : Qs) + (rp & 1) * 32 * RP;
+#pragma unroll
+      for (int kk = 0; kk < DK / 16; ++kk) {
+        uint32_t a[2][4];
+        load_a_bf16(a[0], X + kk * 16, RP, g, t);
+        load_a_bf16(a[1], X + 16 * RP + kk * 16, RP, g, t);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          uint32_t b[2];
+          load_b_bf16(b, St + (cb + nt * 8) * RP + kk * 16, RP, g, t);
+          mma_bf16(acc[0][nt], a[0], b);
+          mma_bf16(acc[1][nt], a[1], b);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = (rp & 1) * 32 + m * 16 + g + 8 * half, cc = cb + nt * 8 + 2 * t;
+            float* pair = acc[m][nt] + 2 * half;
+            if (w_tile) {
+              const float2 u = *reinterpret_cast<const float2*>(Us + r * UP + cc);
+              const float v0 = u.x - pair[0], v1 = u.y - pair[1];
+              Vt[cc * TP + r] = __float2bfloat16_rn(v0);
+              Vt[(cc + 1) * TP + r] = __float2bfloat16_rn(v1);
+              Vtt[cc * TP + r] = __float2bfloat16_rn(tail[r] * v0);
+              Vtt[(cc + 1) * TP + r] = __float2bfloat16_rn(tail[r] * v1);
+            } else {
+              pair[0] *= eG[r];
+              pair[1] *= eG[r];
+            }
+          }
+    }
+    __syncthreads();  // V' is in
+
+    // 2a. O = e^G (Q S) + P V' (the Q tiles' warps, whose acc holds e^G Q S).
+    if (tile_warp && !w_tile) {
+      const int row_base = (rp - 2) * 32;
+#pragma unroll
+      for (int kk = 0; kk < kChunk / 16; ++kk) {
+        uint32_t a[2][4];
+        load_a_bf16(a[0], Ps + row_base * TP + kk * 16, TP, g, t);
+        load_a_bf16(a[1], Ps + (row_base + 16) * TP + kk * 16, TP, g, t);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          uint32_t b[2];
+          load_b_bf16(b, Vt + (cb + nt * 8) * TP + kk * 16, TP, g, t);
+          mma_bf16(acc[0][nt], a[0], b);
+          mma_bf16(acc[1][nt], a[1], b);
+        }
+      }
+      const int64_t row0 = int64_t(seq.row_begin) + c * kChunk;
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = row_base + m * 16 + g + 8 * half;
+            if (r < len)
+              *reinterpret_cast<float2*>(args.out + (row0 + r) * args.out_stride + int64_t(h) * dv + col0 + cb +
+                                         nt * 8 + 2 * t) = make_float2(acc[m][nt][2 * half], acc[m][nt][2 * half + 1]);
+          }
+    }
+
+    }
     // 2b. S <- e^{G_last} S + Kᵀ (tail V'): rows 16 mt.. of S.
     if (owns_state) {
       const float chunk_decay = eG[len - 1];
@@ -202,25 +274,18 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s_reg[nt][e] *= chunk_decay;
-#pragma unroll 2
-      for (int kk = 0; kk < kChunk / 8; ++kk) {
+#pragma unroll
+      for (int kk = 0; kk < kChunk / 16; ++kk) {
         uint32_t a[4];
-        load_a_transposed<true>(a, Ks + kk * 8 * KP + mt * 16, KP, g, t);
+        load_a_bf16(a, Kts + mt * 16 * TP + kk * 16, TP, g, t);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           uint32_t b[2];
-          load_b<false>(b, Vts + kk * 8 * CP + n_base + nt * 8, CP, g, t);
-          mma_tf32(s_reg[nt], a, b);
+          load_b_bf16(b, Vtt + (n_base + nt * 8) * TP + kk * 16, TP, g, t);
+          mma_bf16(s_reg[nt], a, b);
         }
       }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = mt * 16 + g + 8 * half, cc = n_base + nt * 8 + 2 * t;
-          *reinterpret_cast<float2*>(Ss + r * CP + cc) =
-              make_float2(round_tf32(s_reg[nt][2 * half]), round_tf32(s_reg[nt][2 * half + 1]));
-        }
+      store_state_copy(s_reg);
     }
   }
 

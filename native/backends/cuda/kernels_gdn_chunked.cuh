@@ -7,8 +7,10 @@
 // once (kernels_gdn_chunk_prepare.cuh). What is left is sequential over chunks, per value head
 // and tile of state columns (kernels_gdn_chunk_scan.cuh):
 //   V' = U - W S,  O = e^G (Q S) + P V',  S <- e^{G_last} S + K^T (e^{G_last-G} V')
-// Same math as cpu::gated_delta_rule_chunked; the products run on tf32 tensor cores with fp32
-// accumulation, the solve for W and U in fp32.
+// Same math as cpu::gated_delta_rule_chunked. The prepare kernel's K Kᵀ and Q Kᵀ run on tf32
+// tensor cores and its solve for W and U in fp32; the scan's products take bf16 operands (W, Q,
+// K, P, and the fp32 state and V' rounded) with fp32 accumulation, so that a chunk's operands
+// fit shared memory twice (the next chunk's copies overlap this chunk's work).
 #pragma once
 
 #include "backends/cuda/launchers_hybrid.h"
@@ -17,17 +19,33 @@ namespace ninfer::cuda::kernels {
 
 inline constexpr int kChunk = kGdnChunk;  // tokens per chunk
 
-// The workspace of one (chunk, value head), in floats, in this order: W [64][dk] and P [64][64]
-// (rounded to tf32: they are only ever tensor-core operands), U [64][dv], e^G [64] and
-// e^{G_last-G} [64] (0 past the chunk's last token).
+// The workspace, per chunk: a key part per key head, Q [64][dk] and Kᵀ [dk][64] in bf16 (the
+// scan's tensor-core operands), then a value part per value head: W [64][dk] and P [64][64] in
+// bf16, U [64][dv], e^G [64] and e^{G_last-G} [64] (0 past the chunk's last token) in fp32.
+// Offsets in floats (a bf16 pair per float); every part starts 16-byte aligned.
 struct ChunkWorkspace {
-  int dk, dv;
+  int key_heads, value_heads, dk, dv;
+  __host__ __device__ constexpr int64_t key_floats() const { return int64_t(kChunk) * dk; }
+  __host__ __device__ constexpr int64_t value_floats() const { return tail() + kChunk; }
+  __host__ __device__ constexpr int64_t chunk_floats() const {
+    return key_heads * key_floats() + value_heads * value_floats();
+  }
+  // Within a key part.
+  __host__ __device__ constexpr int64_t q() const { return 0; }
+  __host__ __device__ constexpr int64_t kt() const { return int64_t(kChunk / 2) * dk; }
+  // Within a value part.
   __host__ __device__ constexpr int64_t w() const { return 0; }
-  __host__ __device__ constexpr int64_t p() const { return int64_t(kChunk) * dk; }
-  __host__ __device__ constexpr int64_t u() const { return p() + int64_t(kChunk) * kChunk; }
+  __host__ __device__ constexpr int64_t p() const { return int64_t(kChunk / 2) * dk; }
+  __host__ __device__ constexpr int64_t u() const { return p() + kChunk * kChunk / 2; }
   __host__ __device__ constexpr int64_t decay() const { return u() + int64_t(kChunk) * dv; }
   __host__ __device__ constexpr int64_t tail() const { return decay() + kChunk; }
-  __host__ __device__ constexpr int64_t floats() const { return tail() + kChunk; }
+
+  __host__ __device__ constexpr int64_t key_part(int chunk, int hk) const {
+    return chunk * chunk_floats() + hk * key_floats();
+  }
+  __host__ __device__ constexpr int64_t value_part(int chunk, int h) const {
+    return chunk * chunk_floats() + key_heads * key_floats() + h * value_floats();
+  }
 };
 
 // Global chunk j of a step: chunks are numbered sequence by sequence, ceil(num_tokens / 64)

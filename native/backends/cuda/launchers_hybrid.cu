@@ -1,6 +1,7 @@
 // Launchers of the hybrid-model kernels (see launchers_hybrid.h).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -101,7 +102,8 @@ bool gdn_chunked_supported(const GdnDims& s) {
 int64_t gdn_chunk_count(int64_t tokens) { return (tokens + kernels::kChunk - 1) / kernels::kChunk; }
 
 int64_t gdn_chunked_workspace_floats(const GdnDims& shape, int64_t chunks) {
-  return chunks * shape.value_heads * kernels::ChunkWorkspace{shape.key_dim, shape.value_dim}.floats();
+  return chunks * kernels::ChunkWorkspace{shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim}
+                      .chunk_floats();
 }
 
 namespace {
@@ -112,6 +114,13 @@ void allow_smem(Kernel kernel, size_t bytes) {
   NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// Experiment (settled by bench/bench_cuda_gdn.py, then removed): NINFER_GDN_PREPARE=value_head
+// runs a block per (value head, chunk) instead of per (key head, chunk).
+bool prepare_per_value_head() {
+  const char* v = std::getenv("NINFER_GDN_PREPARE");
+  return v && std::string(v) == "value_head";
+}
+
 template <int DK>
 void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs, int chunks,
                  float* workspace, cudaStream_t stream) {
@@ -119,24 +128,41 @@ void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* 
   static size_t allowed = 0;  // the opt-in grows with value_dim
   if (smem > allowed) {
     allow_smem(kernels::gdn_chunk_prepare<DK>, smem);
+    allow_smem(kernels::gdn_chunk_prepare_by_key_head<DK>, smem);
     allowed = smem;
   }
-  kernels::gdn_chunk_prepare<DK>
-      <<<dim3(static_cast<unsigned int>(chunks), static_cast<unsigned int>(shape.value_heads)),
-         kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
+  if (prepare_per_value_head())
+    kernels::gdn_chunk_prepare<DK>
+        <<<dim3(static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(chunks)),
+           kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
+  else
+    kernels::gdn_chunk_prepare_by_key_head<DK>
+        <<<dim3(static_cast<unsigned int>(shape.key_heads), static_cast<unsigned int>(chunks)),
+           kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
+}
+
+// Experiment (settled by bench/bench_cuda_gdn.py, then removed): NINFER_GDN_SCAN=narrow runs
+// the [W; Q] S and P V' products in 16x32 warp tiles instead of 32x32.
+bool scan_narrow_tiles() {
+  const char* v = std::getenv("NINFER_GDN_SCAN");
+  return v && std::string(v) == "narrow";
 }
 
 template <int DK, int NT>
 void scan_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
               const float* workspace, cudaStream_t stream) {
   using Scan = kernels::ScanShape<DK, NT>;
-  constexpr size_t kSmem = Scan::kFloats * sizeof(float);
-  static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT>, kSmem), true);
+  constexpr size_t kSmem = Scan::kBytes;
+  static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT, true>, kSmem),
+                                  allow_smem(kernels::gdn_chunk_scan<DK, NT, false>, kSmem), true);
   (void)configured;
   const dim3 grid(static_cast<unsigned int>(shape.value_dim / NT), static_cast<unsigned int>(shape.value_heads),
                   static_cast<unsigned int>(num_seqs));
-  kernels::gdn_chunk_scan<DK, NT><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
+  if (scan_narrow_tiles())
+    kernels::gdn_chunk_scan<DK, NT, false><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
+  else
+    kernels::gdn_chunk_scan<DK, NT, true><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
@@ -159,6 +185,7 @@ void launch_gdn_chunk_prepare(const GdnDims& shape, const DeltaRuleArgs& args, c
                               int chunks, float* workspace, cudaStream_t stream) {
   if (num_seqs <= 0 || chunks <= 0) return;
   check_chunked(shape, args, workspace);
+  if (chunks > 65535) throw std::invalid_argument("chunked gated delta rule (CUDA): more than 65535 chunks a launch");
   if (shape.key_dim == 64)
     prepare_for<64>(shape, args, seqs, num_seqs, chunks, workspace, stream);
   else

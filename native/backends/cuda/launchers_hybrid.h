@@ -71,8 +71,8 @@ void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs
                                        int num_seqs, cudaStream_t stream);
 
 // The chunked form (chunks of 64 tokens, spec §3.1) of the same rule, for prefill: same results
-// up to tf32 rounding of the tensor-core products (relative ~1e-3), far fewer sequential steps
-// for long sequences. Ignores ssm_history (use the recurrent form for slices that need
+// up to the bf16 rounding of the tensor-core operands (relative ~3e-3; fp32 state and
+// accumulation), far fewer sequential steps for long sequences. Ignores ssm_history (use the recurrent form for slices that need
 // per-token states). Shapes: gdn_chunked_supported; q, k, v 16-byte aligned with row strides
 // that are multiples of 4 floats. `chunks`: the sum over the sequences of gdn_chunk_count(num_tokens);
 // `workspace`: gdn_chunked_workspace_floats(shape, chunks) floats of device memory, 16-byte
