@@ -119,10 +119,16 @@ def decode_row(
 
 
 def run_shape(
-    name: str, bw: float, rate: float, steps: int, contexts: list[int], decode_only: bool
+    name: str,
+    bw: float,
+    rate: float,
+    steps: int,
+    contexts: list[int],
+    decode_only: bool,
+    batches: list[int],
 ) -> dict:
     cfg = qwen3_5_preset(name)
-    lanes, prompt_len = 16, 8192
+    lanes, prompt_len = max(batches), 8192
     counts = shape_counts(cfg)
     out: dict = {"shape": name, "counts": counts}
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,10 +185,13 @@ def run_shape(
             runner.reset(lane)
         for lane in range(0, lanes, 2):  # every lane holds `context` tokens of real state
             runner.forward_batch(
-                [(lane, 0, tokens[:context]), (lane + 1, 0, tokens[1 : context + 1])]
+                [
+                    (ln, 0, tokens[ln % 2 : context + ln % 2])
+                    for ln in range(lane, min(lane + 2, lanes))
+                ]
             )
         position = [context] * lanes
-        for batch in (1, 4, 8, 16):
+        for batch in batches:
 
             def step(batch=batch, position=position):
                 runner.forward_batch(
@@ -298,6 +307,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--shapes", default="qwen3.6-27b,qwen3.6-35b-a3b")
     parser.add_argument("--decode-only", action="store_true", help="skip prefill and GDN timings")
+    parser.add_argument("--batches", default="1,4,8,16", help="decode batch sizes")
+    parser.add_argument("--contexts", default="1024,8192", help="decode context lengths")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {
@@ -311,7 +322,15 @@ def main() -> int:
     for name in args.shapes.split(","):
         try:
             result["shapes"].append(
-                run_shape(name, bw, rate, args.steps, [1024, 8192], args.decode_only)
+                run_shape(
+                    name,
+                    bw,
+                    rate,
+                    args.steps,
+                    [int(c) for c in args.contexts.split(",")],
+                    args.decode_only,
+                    [int(b) for b in args.batches.split(",")],
+                )
             )
         except Exception as exc:  # keep the other shape's figures
             print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", flush=True)

@@ -252,6 +252,7 @@ void bind_cuda(py::module_& m) {
            py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
            py::arg("splits") = 0);
   bind_cuda_hybrid(m);
+  bind_cuda_gemv(m);
 #else
   m.def("cuda_device_count", [] { return 0; }, "CUDA devices visible (this build has no CUDA backend).");
   m.def("cuda_graph_replays", [] { return 0; }, "Decode steps replayed as CUDA graphs (no CUDA backend: 0).");

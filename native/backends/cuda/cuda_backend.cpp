@@ -261,7 +261,7 @@ void CudaBackend::run_gemv(const float* x, int64_t m, std::span<const MatmulOutp
         jobs[n] = {static_cast<const uint16_t*>(o.weight->data), o.bias, o.y + r0 * o.weight->rows,
                    static_cast<int32_t>(o.weight->rows)};
       }
-      launch_gemv_bf16(jobs, n, x + r0 * k, rows, static_cast<int>(k), stream_);
+      launch_gemv_bf16(jobs, n, x + r0 * k, rows, static_cast<int>(k), false, stream_);
     }
   }
 }

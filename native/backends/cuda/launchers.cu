@@ -3,6 +3,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels_bandwidth.cuh"
 #include "backends/cuda/kernels_elementwise.cuh"
 #include "backends/cuda/kernels_gemv.cuh"
 #include "backends/cuda/launchers.h"
@@ -21,12 +22,101 @@ unsigned int stride_blocks(int64_t n) {
 
 int row_threads(int64_t cols) { return cols >= 1024 ? 1024 : (cols >= 256 ? 256 : 128); }
 
+// Launches Kernel<kPerThread> (one block per row) with the smallest kPerThread that holds a
+// row in registers, or the looping Kernel<0> for rows wider than 16 values a thread.
+template <template <int> class Launch, typename... Args>
+void per_row(int64_t rows, int64_t cols, cudaStream_t stream, Args... args) {
+  const int threads = row_threads(cols);
+  const int64_t per_thread = (cols + threads - 1) / threads;
+  const dim3 grid(static_cast<unsigned int>(rows)), block(static_cast<unsigned int>(threads));
+  if (per_thread <= 1) return Launch<1>::run(grid, block, stream, args...);
+  if (per_thread <= 2) return Launch<2>::run(grid, block, stream, args...);
+  if (per_thread <= 4) return Launch<4>::run(grid, block, stream, args...);
+  if (per_thread <= 8) return Launch<8>::run(grid, block, stream, args...);
+  if (per_thread <= 16) return Launch<16>::run(grid, block, stream, args...);
+  Launch<0>::run(grid, block, stream, args...);
+}
+
+template <int kPerThread>
+struct RmsNormLaunch {
+  static void run(dim3 grid, dim3 block, cudaStream_t stream, const float* x, int64_t cols, const float* weight,
+                  float eps, float* y) {
+    kernels::rms_norm<kPerThread><<<grid, block, 0, stream>>>(x, cols, weight, eps, y);
+  }
+};
+
+template <int kPerThread>
+struct AddRmsNormLaunch {
+  static void run(dim3 grid, dim3 block, cudaStream_t stream, float* h, const float* branch, int64_t cols,
+                  const float* weight, float eps, float* y) {
+    kernels::add_rms_norm<kPerThread><<<grid, block, 0, stream>>>(h, branch, cols, weight, eps, y);
+  }
+};
+
+template <typename Shape>
+void gemv_mma(kernels::GemvJobTable table, const GemvJob* jobs, int num_jobs, const float* x, int m, int k,
+              cudaStream_t stream) {
+  table.first_block[0] = 0;
+  for (int j = 0; j < num_jobs; ++j)
+    table.first_block[j + 1] = table.first_block[j] + (jobs[j].rows + Shape::kBlockRows - 1) / Shape::kBlockRows;
+  const unsigned int blocks = static_cast<unsigned int>(table.first_block[num_jobs]);
+  if (m > 8)
+    kernels::gemv_bf16_mma<Shape, true><<<blocks, Shape::kThreads, 0, stream>>>(table, x, m, k);
+  else
+    kernels::gemv_bf16_mma<Shape, false><<<blocks, Shape::kThreads, 0, stream>>>(table, x, m, k);
+}
+
 template <int M>
-void gemv_for(const kernels::GemvJobTable& table, const float* x, int k, cudaStream_t stream) {
+void gemv_legacy_for(const kernels::GemvLegacyTable& table, const float* x, int k, cudaStream_t stream) {
   const int warps = table.first_warp[table.num_jobs];
   const int blocks = (warps + kernels::kGemvWarpsPerBlock - 1) / kernels::kGemvWarpsPerBlock;
-  kernels::gemv_bf16<M><<<blocks, kernels::kGemvWarpsPerBlock * 32, 0, stream>>>(table, x, k);
+  kernels::gemv_bf16_legacy<M><<<blocks, kernels::kGemvWarpsPerBlock * 32, 0, stream>>>(table, x, k);
 }
+
+template <int M = 1>
+void gemv_legacy(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, cudaStream_t stream) {
+  if constexpr (M < kGemvMaxRows) {
+    if (m > M) return gemv_legacy<M + 1>(jobs, num_jobs, x, m, k, stream);
+  }
+  kernels::GemvLegacyTable table{};
+  table.num_jobs = num_jobs;
+  for (int j = 0; j < num_jobs; ++j) {
+    table.w[j] = jobs[j].w;
+    table.bias[j] = jobs[j].bias;
+    table.y[j] = jobs[j].y;
+    table.rows[j] = jobs[j].rows;
+    table.first_warp[j + 1] =
+        table.first_warp[j] + (jobs[j].rows + kernels::kGemvRowsPerWarp - 1) / kernels::kGemvRowsPerWarp;
+  }
+  gemv_legacy_for<M>(table, x, k, stream);
+}
+
+using kernels::GemvShape;
+using kernels::WeightLoad;
+using GemvLauncher = void (*)(kernels::GemvJobTable, const GemvJob*, int, const float*, int, int, cudaStream_t);
+struct GemvVariant {
+  const char* name;
+  GemvLauncher launch;  // null: the legacy kernel
+};
+// Benchmark variants of the GEMV: rows per block (8 per tile), warps splitting k, chunks in flight.
+constexpr GemvVariant kGemvVariants[] = {
+    {"legacy fma 4 rows/warp", nullptr},
+    {"mma r16 w8 u4", gemv_mma<GemvShape<2, 8, 4>>},
+    {"mma r8 w8 u8", gemv_mma<GemvShape<1, 8, 8>>},
+    {"mma r8 w8 u4", gemv_mma<GemvShape<1, 8, 4>>},
+    {"mma r16 w4 u4", gemv_mma<GemvShape<2, 4, 4>>},
+    {"mma r32 w8 u2", gemv_mma<GemvShape<4, 8, 2>>},
+    {"mma r16 w16 u2", gemv_mma<GemvShape<2, 16, 2>>},
+    {"mma r8 w4 u8", gemv_mma<GemvShape<1, 4, 8>>},
+    {"mma r16 w8 u4 no-L2-prefetch", gemv_mma<GemvShape<2, 8, 4, WeightLoad::Stream>>},
+    {"mma r16 w8 u4 ldg", gemv_mma<GemvShape<2, 8, 4, WeightLoad::ReadOnly>>},
+    {"mma r32 w4 u4", gemv_mma<GemvShape<4, 4, 4>>},
+    {"mma r8 w16 u4", gemv_mma<GemvShape<1, 16, 4>>},
+};
+constexpr int kGemvVariantCount = static_cast<int>(sizeof(kGemvVariants) / sizeof(kGemvVariants[0]));
+
+// The launcher's own choice (bench/bench_cuda_gemv.py measured the variants).
+int default_gemv_variant(int /*m*/, int64_t /*total_rows*/, int /*k*/) { return 1; }
 
 }  // namespace
 
@@ -42,38 +132,44 @@ void launch_random_bf16(bf16_bits* w, int64_t n, uint64_t seed, float scale, cud
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
-void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, cudaStream_t stream) {
+int gemv_variant_count() { return kGemvVariantCount; }
+
+const char* gemv_variant_name(int variant) {
+  if (variant < 0 || variant >= kGemvVariantCount) throw std::out_of_range("gemv_variant_name: no such variant");
+  return kGemvVariants[variant].name;
+}
+
+void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, bool accumulate,
+                      cudaStream_t stream, int variant) {
   if (num_jobs < 1 || num_jobs > kGemvMaxJobs || m < 1 || m > kGemvMaxRows || k % 8 != 0)
     throw std::invalid_argument("launch_gemv_bf16: unsupported jobs/m/k");
-  kernels::GemvJobTable table{};
-  table.num_jobs = num_jobs;
-  table.first_warp[0] = 0;
-  for (int j = 0; j < num_jobs; ++j) {
-    table.w[j] = jobs[j].w;
-    table.bias[j] = jobs[j].bias;
-    table.y[j] = jobs[j].y;
-    table.rows[j] = jobs[j].rows;
-    table.first_warp[j + 1] =
-        table.first_warp[j] + (jobs[j].rows + kernels::kGemvRowsPerWarp - 1) / kernels::kGemvRowsPerWarp;
+  if (variant >= kGemvVariantCount) throw std::invalid_argument("launch_gemv_bf16: no such variant");
+  int64_t total_rows = 0;
+  for (int j = 0; j < num_jobs; ++j) total_rows += jobs[j].rows;
+  if (variant < 0) variant = default_gemv_variant(m, total_rows, k);
+  const GemvVariant& v = kGemvVariants[variant];
+  if (!v.launch) {
+    if (accumulate) throw std::invalid_argument("launch_gemv_bf16: the legacy kernel does not accumulate");
+    gemv_legacy(jobs, num_jobs, x, m, k, stream);
+  } else {
+    kernels::GemvJobTable table{};
+    table.num_jobs = num_jobs;
+    table.accumulate = accumulate ? 1 : 0;
+    for (int j = 0; j < num_jobs; ++j) {
+      table.w[j] = jobs[j].w;
+      table.bias[j] = jobs[j].bias;
+      table.y[j] = jobs[j].y;
+      table.rows[j] = jobs[j].rows;
+    }
+    v.launch(table, jobs, num_jobs, x, m, k, stream);
   }
-  switch (m) {
-    case 1: gemv_for<1>(table, x, k, stream); break;
-    case 2: gemv_for<2>(table, x, k, stream); break;
-    case 3: gemv_for<3>(table, x, k, stream); break;
-    case 4: gemv_for<4>(table, x, k, stream); break;
-    case 5: gemv_for<5>(table, x, k, stream); break;
-    case 6: gemv_for<6>(table, x, k, stream); break;
-    case 7: gemv_for<7>(table, x, k, stream); break;
-    case 8: gemv_for<8>(table, x, k, stream); break;
-    case 9: gemv_for<9>(table, x, k, stream); break;
-    case 10: gemv_for<10>(table, x, k, stream); break;
-    case 11: gemv_for<11>(table, x, k, stream); break;
-    case 12: gemv_for<12>(table, x, k, stream); break;
-    case 13: gemv_for<13>(table, x, k, stream); break;
-    case 14: gemv_for<14>(table, x, k, stream); break;
-    case 15: gemv_for<15>(table, x, k, stream); break;
-    default: gemv_for<16>(table, x, k, stream); break;
-  }
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void launch_read_stream(const void* data, int64_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream) {
+  if (bytes < 16) return;
+  kernels::read_stream<<<static_cast<unsigned int>(num_sms * 4), 512, 0, stream>>>(static_cast<const uint4*>(data),
+                                                                                 bytes / 16, sink);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
@@ -93,15 +189,14 @@ void launch_embedding(const bf16_bits* table, int64_t cols, const int32_t* token
 void launch_rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y,
                      cudaStream_t stream) {
   if (rows <= 0) return;
-  kernels::rms_norm<<<static_cast<unsigned int>(rows), row_threads(cols), 0, stream>>>(x, cols, weight, eps, y);
+  per_row<RmsNormLaunch>(rows, cols, stream, x, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* h, const float* branch, int64_t rows, int64_t cols, const float* weight, float eps,
                          float* y, cudaStream_t stream) {
   if (rows <= 0) return;
-  kernels::add_rms_norm<<<static_cast<unsigned int>(rows), row_threads(cols), 0, stream>>>(h, branch, cols, weight,
-                                                                                          eps, y);
+  per_row<AddRmsNormLaunch>(rows, cols, stream, h, branch, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

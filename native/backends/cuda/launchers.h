@@ -28,8 +28,15 @@ struct GemvJob {
   int32_t rows = 0;
 };
 // y_j[m, rows_j] = x[m, k] · w_j^T (+ bias_j) for up to kGemvMaxJobs weights of width k in one
-// launch. Needs 1 <= m <= kGemvMaxRows and k % 8 == 0.
-void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, cudaStream_t stream);
+// launch; with `accumulate`, y_j += ... instead. Needs 1 <= m <= kGemvMaxRows and k % 8 == 0.
+// `variant` picks one of the benchmark's kernel shapes; -1 is the launcher's own choice.
+void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, bool accumulate,
+                      cudaStream_t stream, int variant = -1);
+int gemv_variant_count();
+const char* gemv_variant_name(int variant);
+// Reads `bytes` (a multiple of 16) of device memory and stores nothing: the read-bandwidth
+// ceiling for the GEMV benchmark. `sink` is one writable word.
+void launch_read_stream(const void* data, int64_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream);
 // y[m, n] += bias[n].
 void launch_add_bias(float* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream);
 
