@@ -70,9 +70,15 @@ class CudaGemv {
     NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
     NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (cuda::CublasRuntime::get().available()) cublas_ = cuda::CublasRuntime::get().create_handle(stream_);
+    const int64_t warps = cuda::gemv_workspace_warps(num_sms_);
+    workspace_memory_ = std::make_unique<DeviceBytes>(cuda::gemv_workspace_bytes(warps), stream_);
+    NINFER_CUDA_CHECK(
+        cudaMemsetAsync(workspace_memory_->as<void>(), 0, cuda::gemv_workspace_bytes(warps), stream_));
+    workspace_ = cuda::gemv_workspace_at(workspace_memory_->as<void>(), warps);
   }
   ~CudaGemv() {
     cudaSetDevice(device_);
+    workspace_memory_.reset();
     cudaStreamSynchronize(stream_);
     if (cublas_) cuda::CublasRuntime::get().destroy_handle(cublas_);
     cudaStreamDestroy(stream_);
@@ -89,7 +95,7 @@ class CudaGemv {
   // outs[j] = (accumulate ? outs[j] : 0) + x · weights[j]^T (+ biases[j]); weights are bf16 bits
   // (uint16 [rows_j, k]), x f32 [m, k]; every out is uploaded too (poison shows what was written).
   void gemv(py::array x, const std::vector<py::array>& weights, const std::vector<py::array>& outs,
-            const std::vector<std::optional<py::array>>& biases, bool accumulate, int variant) {
+            const std::vector<std::optional<py::array>>& biases, bool accumulate, int variant, bool overlap) {
     if (x.ndim() != 2 || weights.empty() || weights.size() != outs.size() || biases.size() != outs.size())
       throw py::value_error("gemv: x [m, k], and one weight, out and bias (or None) each");
     const int m = static_cast<int>(x.shape(0)), k = static_cast<int>(x.shape(1));
@@ -108,8 +114,10 @@ class CudaGemv {
       ys.push_back(upload_with_guard(outs[j]));
       jobs.push_back({w, b, ys.back()->as<float>(), static_cast<int32_t>(weights[j].shape(0))});
     }
-    cuda::launch_gemv_bf16(jobs.data(), static_cast<int>(jobs.size()), xd->as<float>(), m, k, accumulate, stream_,
-                           variant);
+    cuda::launch_gemv_bf16(jobs.data(), static_cast<int>(jobs.size()), xd->as<float>(), m, k,
+                           {.workspace = workspace_, .accumulate = accumulate, .overlap_previous = overlap,
+                            .variant = variant},
+                           stream_);
     std::vector<unsigned char> guard(kGuardBytes);
     for (size_t j = 0; j < outs.size(); ++j) {
       py::array out = outs[j];
@@ -169,8 +177,8 @@ class CudaGemv {
         base += r * k;
         out += r * m;
       }
-      cuda::launch_gemv_bf16(jobs.data(), static_cast<int>(jobs.size()), x.as<float>(), m, static_cast<int>(k), false,
-                             stream_, variant);
+      cuda::launch_gemv_bf16(jobs.data(), static_cast<int>(jobs.size()), x.as<float>(), m, static_cast<int>(k),
+                             {.workspace = workspace_, .variant = variant}, stream_);
     };
     return time_each(reps, copies, run);
   }
@@ -220,6 +228,8 @@ class CudaGemv {
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   void* cublas_ = nullptr;
+  std::unique_ptr<DeviceBytes> workspace_memory_;
+  cuda::GemvWorkspace workspace_;
 };
 
 }  // namespace
@@ -232,7 +242,7 @@ void bind_cuda_gemv(py::module_& m) {
       .def_property_readonly_static("cublas_variant", [](py::object) { return kCublasVariant; })
       .def("variants", &CudaGemv::variants)
       .def("gemv", &CudaGemv::gemv, py::arg("x"), py::arg("weights"), py::arg("outs"), py::arg("biases"),
-           py::arg("accumulate") = false, py::arg("variant") = -1)
+           py::arg("accumulate") = false, py::arg("variant") = -1, py::arg("overlap") = false)
       .def("time_gemv", &CudaGemv::time_gemv, py::arg("rows"), py::arg("k"), py::arg("m"), py::arg("variant"),
            py::arg("reps"))
       .def("time_read", &CudaGemv::time_read, py::arg("bytes"), py::arg("reps"))

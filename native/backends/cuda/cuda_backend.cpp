@@ -99,8 +99,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
   NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (CublasRuntime::get().available()) cublas_ = CublasRuntime::get().create_handle(stream_);
+  const int64_t gemv_warps = gemv_workspace_warps(num_sms_);
+  NINFER_CUDA_CHECK(cudaMalloc(&gemv_memory_, gemv_workspace_bytes(gemv_warps)));
+  NINFER_CUDA_CHECK(cudaMemsetAsync(gemv_memory_, 0, gemv_workspace_bytes(gemv_warps), stream_));
+  gemv_workspace_ = gemv_workspace_at(gemv_memory_, gemv_warps);
   // NINFER_CUDA_MATMUL=gemv|cublas fixes the matmul path (tests that compare two backends
   // exactly; the timed auto choice may differ between them).
+  overlap_launches_ = overlap_launches_from_env();
   if (const char* path = std::getenv("NINFER_CUDA_MATMUL")) {
     if (std::strcmp(path, "gemv") == 0) matmul_path_ = MatmulPath::Gemv;
     if (std::strcmp(path, "cublas") == 0) matmul_path_ = MatmulPath::Cublas;
@@ -112,6 +117,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   graphs_.clear();
   if (cublas_) CublasRuntime::get().destroy_handle(cublas_);
+  if (gemv_memory_) cudaFree(gemv_memory_);
   for (const auto& chunk : arena_) cudaFree(chunk.ptr);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -261,7 +267,8 @@ void CudaBackend::run_gemv(const float* x, int64_t m, std::span<const MatmulOutp
         jobs[n] = {static_cast<const uint16_t*>(o.weight->data), o.bias, o.y + r0 * o.weight->rows,
                    static_cast<int32_t>(o.weight->rows)};
       }
-      launch_gemv_bf16(jobs, n, x + r0 * k, rows, static_cast<int>(k), false, stream_);
+      launch_gemv_bf16(jobs, n, x + r0 * k, rows, static_cast<int>(k),
+                       {.workspace = gemv_workspace_, .overlap_previous = overlap_launches_}, stream_);
     }
   }
 }
@@ -326,6 +333,7 @@ void CudaBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulO
       not_graphable();
     else
       note(prefer_gemv(x, m, outputs));
+    note(overlap_launches_);
     return;
   }
   if (prefer_gemv(x, m, outputs))

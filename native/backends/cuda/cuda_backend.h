@@ -44,6 +44,10 @@ uint64_t scratch_generation();
 // benchmark can time both in one process).
 bool step_graphs_from_env();
 
+// False when the environment sets NINFER_CUDA_PDL=0: GEMVs are then launched the ordinary way
+// instead of overlapping the previous kernel (read at every step, like the graphs switch).
+bool overlap_launches_from_env();
+
 // Steps replayed as graphs by every CudaBackend of the process (tests check graphs are used).
 uint64_t graph_replays_total();
 
@@ -193,6 +197,8 @@ class CudaBackend final : public Backend {
   std::vector<Chunk> arena_;
 
   DeviceScratch x_bf16_, partials_;
+  void* gemv_memory_ = nullptr;  // the GEMV's workspace (zeroed once, reused by every launch)
+  GemvWorkspace gemv_workspace_;
   MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;
   // hybrid-model scratch and metadata
   DeviceScratch gdn_conv_out_, gdn_gates_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_;
@@ -204,6 +210,7 @@ class CudaBackend final : public Backend {
   std::map<std::vector<int64_t>, bool> gemv_faster_;  // (m, k, rows...) -> the GEMV won the timing
 
   bool step_graphs_ = true;
+  bool overlap_launches_ = true;  // GemvOptions::overlap_previous for the GEMVs
   StepMode mode_ = StepMode::Eager;
   bool step_graphable_ = true;
   std::vector<int64_t> signature_;                     // the dry step's launch choices and sizes

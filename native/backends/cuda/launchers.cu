@@ -1,11 +1,9 @@
-// Launchers of the elementwise and GEMV kernels (see launchers.h).
+// Launchers of the elementwise kernels (see launchers.h).
 #include <stdexcept>
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
-#include "backends/cuda/kernels_bandwidth.cuh"
 #include "backends/cuda/kernels_elementwise.cuh"
-#include "backends/cuda/kernels_gemv.cuh"
 #include "backends/cuda/launchers.h"
 
 namespace ninfer::cuda {
@@ -53,71 +51,6 @@ struct AddRmsNormLaunch {
   }
 };
 
-template <typename Shape>
-void gemv_mma(kernels::GemvJobTable table, const GemvJob* jobs, int num_jobs, const float* x, int m, int k,
-              cudaStream_t stream) {
-  table.first_block[0] = 0;
-  for (int j = 0; j < num_jobs; ++j)
-    table.first_block[j + 1] = table.first_block[j] + (jobs[j].rows + Shape::kBlockRows - 1) / Shape::kBlockRows;
-  const unsigned int blocks = static_cast<unsigned int>(table.first_block[num_jobs]);
-  if (m > 8)
-    kernels::gemv_bf16_mma<Shape, true><<<blocks, Shape::kThreads, 0, stream>>>(table, x, m, k);
-  else
-    kernels::gemv_bf16_mma<Shape, false><<<blocks, Shape::kThreads, 0, stream>>>(table, x, m, k);
-}
-
-template <int M>
-void gemv_legacy_for(const kernels::GemvLegacyTable& table, const float* x, int k, cudaStream_t stream) {
-  const int warps = table.first_warp[table.num_jobs];
-  const int blocks = (warps + kernels::kGemvWarpsPerBlock - 1) / kernels::kGemvWarpsPerBlock;
-  kernels::gemv_bf16_legacy<M><<<blocks, kernels::kGemvWarpsPerBlock * 32, 0, stream>>>(table, x, k);
-}
-
-template <int M = 1>
-void gemv_legacy(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, cudaStream_t stream) {
-  if constexpr (M < kGemvMaxRows) {
-    if (m > M) return gemv_legacy<M + 1>(jobs, num_jobs, x, m, k, stream);
-  }
-  kernels::GemvLegacyTable table{};
-  table.num_jobs = num_jobs;
-  for (int j = 0; j < num_jobs; ++j) {
-    table.w[j] = jobs[j].w;
-    table.bias[j] = jobs[j].bias;
-    table.y[j] = jobs[j].y;
-    table.rows[j] = jobs[j].rows;
-    table.first_warp[j + 1] =
-        table.first_warp[j] + (jobs[j].rows + kernels::kGemvRowsPerWarp - 1) / kernels::kGemvRowsPerWarp;
-  }
-  gemv_legacy_for<M>(table, x, k, stream);
-}
-
-using kernels::GemvShape;
-using kernels::WeightLoad;
-using GemvLauncher = void (*)(kernels::GemvJobTable, const GemvJob*, int, const float*, int, int, cudaStream_t);
-struct GemvVariant {
-  const char* name;
-  GemvLauncher launch;  // null: the legacy kernel
-};
-// Benchmark variants of the GEMV: rows per block (8 per tile), warps splitting k, chunks in flight.
-constexpr GemvVariant kGemvVariants[] = {
-    {"legacy fma 4 rows/warp", nullptr},
-    {"mma r16 w8 u4", gemv_mma<GemvShape<2, 8, 4>>},
-    {"mma r8 w8 u8", gemv_mma<GemvShape<1, 8, 8>>},
-    {"mma r8 w8 u4", gemv_mma<GemvShape<1, 8, 4>>},
-    {"mma r16 w4 u4", gemv_mma<GemvShape<2, 4, 4>>},
-    {"mma r32 w8 u2", gemv_mma<GemvShape<4, 8, 2>>},
-    {"mma r16 w16 u2", gemv_mma<GemvShape<2, 16, 2>>},
-    {"mma r8 w4 u8", gemv_mma<GemvShape<1, 4, 8>>},
-    {"mma r16 w8 u4 no-L2-prefetch", gemv_mma<GemvShape<2, 8, 4, WeightLoad::Stream>>},
-    {"mma r16 w8 u4 ldg", gemv_mma<GemvShape<2, 8, 4, WeightLoad::ReadOnly>>},
-    {"mma r32 w4 u4", gemv_mma<GemvShape<4, 4, 4>>},
-    {"mma r8 w16 u4", gemv_mma<GemvShape<1, 16, 4>>},
-};
-constexpr int kGemvVariantCount = static_cast<int>(sizeof(kGemvVariants) / sizeof(kGemvVariants[0]));
-
-// The launcher's own choice (bench/bench_cuda_gemv.py measured the variants).
-int default_gemv_variant(int /*m*/, int64_t /*total_rows*/, int /*k*/) { return 1; }
-
 }  // namespace
 
 void launch_f32_to_bf16(const float* x, bf16_bits* y, int64_t n, cudaStream_t stream) {
@@ -129,47 +62,6 @@ void launch_f32_to_bf16(const float* x, bf16_bits* y, int64_t n, cudaStream_t st
 void launch_random_bf16(bf16_bits* w, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {
   if (n <= 0) return;
   kernels::random_bf16<<<stride_blocks(n), kThreads, 0, stream>>>(w, n, seed, scale);
-  NINFER_CUDA_CHECK_LAUNCH();
-}
-
-int gemv_variant_count() { return kGemvVariantCount; }
-
-const char* gemv_variant_name(int variant) {
-  if (variant < 0 || variant >= kGemvVariantCount) throw std::out_of_range("gemv_variant_name: no such variant");
-  return kGemvVariants[variant].name;
-}
-
-void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, bool accumulate,
-                      cudaStream_t stream, int variant) {
-  if (num_jobs < 1 || num_jobs > kGemvMaxJobs || m < 1 || m > kGemvMaxRows || k % 8 != 0)
-    throw std::invalid_argument("launch_gemv_bf16: unsupported jobs/m/k");
-  if (variant >= kGemvVariantCount) throw std::invalid_argument("launch_gemv_bf16: no such variant");
-  int64_t total_rows = 0;
-  for (int j = 0; j < num_jobs; ++j) total_rows += jobs[j].rows;
-  if (variant < 0) variant = default_gemv_variant(m, total_rows, k);
-  const GemvVariant& v = kGemvVariants[variant];
-  if (!v.launch) {
-    if (accumulate) throw std::invalid_argument("launch_gemv_bf16: the legacy kernel does not accumulate");
-    gemv_legacy(jobs, num_jobs, x, m, k, stream);
-  } else {
-    kernels::GemvJobTable table{};
-    table.num_jobs = num_jobs;
-    table.accumulate = accumulate ? 1 : 0;
-    for (int j = 0; j < num_jobs; ++j) {
-      table.w[j] = jobs[j].w;
-      table.bias[j] = jobs[j].bias;
-      table.y[j] = jobs[j].y;
-      table.rows[j] = jobs[j].rows;
-    }
-    v.launch(table, jobs, num_jobs, x, m, k, stream);
-  }
-  NINFER_CUDA_CHECK_LAUNCH();
-}
-
-void launch_read_stream(const void* data, int64_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream) {
-  if (bytes < 16) return;
-  kernels::read_stream<<<static_cast<unsigned int>(num_sms * 4), 512, 0, stream>>>(static_cast<const uint4*>(data),
-                                                                                 bytes / 16, sink);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

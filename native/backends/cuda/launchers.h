@@ -27,11 +27,31 @@ struct GemvJob {
   float* y = nullptr;            // [m, rows]
   int32_t rows = 0;
 };
+// Scratch of the stream-K GEMV for grids of up to max_warps warps (partial sums of tiles that
+// warps share, and one counter a warp). Made once per stream with gemv_workspace_at on
+// gemv_workspace_bytes of zeroed device memory; launches leave it ready for the next one.
+struct GemvWorkspace {
+  float* partials = nullptr;
+  int32_t* counters = nullptr;
+  int64_t max_warps = 0;
+};
+int64_t gemv_workspace_warps(int num_sms);  // enough for any grid on a device of num_sms SMs
+size_t gemv_workspace_bytes(int64_t max_warps);
+GemvWorkspace gemv_workspace_at(void* memory, int64_t max_warps);
+
+struct GemvOptions {
+  GemvWorkspace workspace;        // required; launches on one workspace must be stream-ordered
+  bool accumulate = false;        // y_j += x · w_j^T (+ bias_j) instead of y_j = ...
+  // Launch with programmatic stream serialization: the GEMV starts streaming its weights while
+  // the previous kernel of the stream finishes (kernels that call allow_dependent_launch()),
+  // and reads x only once that kernel has completed.
+  bool overlap_previous = false;
+  int variant = -1;               // one of the benchmark's kernel shapes; -1: the launcher's choice
+};
 // y_j[m, rows_j] = x[m, k] · w_j^T (+ bias_j) for up to kGemvMaxJobs weights of width k in one
-// launch; with `accumulate`, y_j += ... instead. Needs 1 <= m <= kGemvMaxRows and k % 8 == 0.
-// `variant` picks one of the benchmark's kernel shapes; -1 is the launcher's own choice.
-void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, bool accumulate,
-                      cudaStream_t stream, int variant = -1);
+// launch. Needs 1 <= m <= kGemvMaxRows and k % 8 == 0.
+void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, const GemvOptions& options,
+                      cudaStream_t stream);
 int gemv_variant_count();
 const char* gemv_variant_name(int variant);
 // Reads `bytes` (a multiple of 16) of device memory and stores nothing: the read-bandwidth
