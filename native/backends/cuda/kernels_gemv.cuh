@@ -100,9 +100,10 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], uint32_t a0, ui
 // batches of kDepth, or (kPipelined) streamed into a per-lane shared-memory ring of kDepth
 // stages by cp.async, which needs no registers for the loads in flight.
 template <int kRowTiles_, int kWarps_, int kDepth_, bool kPipelined_ = false,
-          WeightLoad kLoad_ = WeightLoad::StreamPrefetch>
+          WeightLoad kLoad_ = WeightLoad::StreamPrefetch, int kMinBlocks_ = 1>
 struct GemvShape {
   static constexpr int kRowTiles = kRowTiles_, kWarps = kWarps_, kDepth = kDepth_, kUnroll = kDepth_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // per SM, for __launch_bounds__ (caps registers)
   static constexpr bool kPipelined = kPipelined_;
   static constexpr WeightLoad kLoad = kLoad_;
   static constexpr int kBlockRows = 8 * kRowTiles;  // rows of a tile
@@ -112,13 +113,14 @@ struct GemvShape {
 };
 inline constexpr int kGemvMaxSlotFloats = 2 * 4 * 32;  // tiles of at most 16 rows
 
-// The stream-K split: units (tile, 32-wide chunk) numbered tile by tile, warp w of the grid
-// owns units [first_unit(w), first_unit(w + 1)).
+// The stream-K split: units of work numbered tile by tile, `parts` workers (warps or blocks;
+// never more than units, so none is idle), worker w owns units [first_unit(w),
+// first_unit(w + 1)).
 struct StreamKSplit {
-  int64_t warps, units;
+  int64_t parts, units;
   int chunks;  // units per tile
-  __device__ int64_t first_unit(int64_t w) const { return w * units / warps; }
-  __device__ int64_t owner(int64_t u) const { return ((u + 1) * warps - 1) / units; }
+  __device__ int64_t first_unit(int64_t w) const { return w * units / parts; }
+  __device__ int64_t owner(int64_t u) const { return ((u + 1) * parts - 1) / units; }
 };
 
 // Writes one warp's accumulators of a tile: acc[t] = {y[g][r], y[g][r + 1], y[g + 8][r],
@@ -208,12 +210,13 @@ __global__ void __launch_bounds__(Shape::kThreads)
   static_assert(Shape::kSlotFloats <= kGemvMaxSlotFloats, "the workspace holds tiles of at most 16 rows");
   const int lane = threadIdx.x & 31, group = lane >> 2, tig = lane & 3;
   const int chunks = (k + 31) / 32;
-  const StreamKSplit split{int64_t(gridDim.x) * Shape::kWarps, int64_t(table.first_tile[table.num_jobs]) * chunks,
-                           chunks};
+  const int64_t units = int64_t(table.first_tile[table.num_jobs]) * chunks;
+  const StreamKSplit split{min(int64_t(gridDim.x) * Shape::kWarps, units), units, chunks};
   const int64_t warp = int64_t(blockIdx.x) * Shape::kWarps + (threadIdx.x >> 5);
+  allow_dependent_launch();
+  if (warp >= split.parts) return;
   const int64_t u_begin = split.first_unit(warp), u_end = split.first_unit(warp + 1);
 
-  allow_dependent_launch();
   const bool x_lo_live = group < m, x_hi_live = kWide && group + 8 < m;
   const float* x_lo = x + static_cast<int64_t>(min(group, m - 1)) * k + 8 * tig;
   const float* x_hi = x + static_cast<int64_t>(min(group + 8, m - 1)) * k + 8 * tig;
@@ -260,10 +263,12 @@ __global__ void __launch_bounds__(Shape::kThreads)
   }
 }
 
-// 16 bytes global -> shared, bypassing L1; zeros instead when !live.
+// 16 bytes global -> shared, bypassing L1 and prefetching the surrounding 256 bytes into L2;
+// zeros instead when !live.
 __device__ __forceinline__ void cp_async16(void* smem, const void* global, bool live) {
   const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global), "r"(live ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(global),
+               "r"(live ? 16 : 0)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -285,12 +290,12 @@ __global__ void __launch_bounds__(Shape::kThreads)
   const int lane = threadIdx.x & 31, group = lane >> 2, tig = lane & 3;
   uint4* my_ring = ring + (threadIdx.x >> 5) * kStages * kRowTiles * 32 + lane;  // [stage][tile][lane]
   const int chunks = (k + 31) / 32;
-  const StreamKSplit split{int64_t(gridDim.x) * Shape::kWarps, int64_t(table.first_tile[table.num_jobs]) * chunks,
-                           chunks};
+  const int64_t units = int64_t(table.first_tile[table.num_jobs]) * chunks;
+  const StreamKSplit split{min(int64_t(gridDim.x) * Shape::kWarps, units), units, chunks};
   const int64_t warp = int64_t(blockIdx.x) * Shape::kWarps + (threadIdx.x >> 5);
-  const int64_t u_begin = split.first_unit(warp), u_end = split.first_unit(warp + 1);
   allow_dependent_launch();
-  if (u_begin >= u_end) return;
+  if (warp >= split.parts) return;
+  const int64_t u_begin = split.first_unit(warp), u_end = split.first_unit(warp + 1);
 
   // The issuing cursor runs kStages units ahead of the consuming one.
   int64_t issued = u_begin;
@@ -358,6 +363,123 @@ __global__ void __launch_bounds__(Shape::kThreads)
     c = next_c;
   }
   cp_async_wait<0>();
+}
+
+// Block stream-K: the unit is a step of one tile: kWarps·kUnroll consecutive chunks, of which
+// warp w loads chunks w, w + kWarps, ... (so a block reads one contiguous stretch of each of
+// its 8·kRowTiles rows at a time, good for DRAM pages); block b of the grid owns consecutive
+// units. At the end of each tile segment the warps' partial sums meet in shared memory (added
+// in warp order); a tile shared with other blocks goes through the workspace as in store_tile,
+// block by block.
+template <typename Shape, bool kWide>
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
+    gemv_bf16_stream_k_blocks(const GemvJobTable table, const float* __restrict__ x, int m, int k,
+                              GemvWorkspace ws) {
+  constexpr int kRowTiles = Shape::kRowTiles, kWarps = Shape::kWarps, kUnroll = Shape::kUnroll;
+  constexpr int kBatch = kWarps * kUnroll, kOutputs = 16 * Shape::kBlockRows;  // (x row, weight row) pairs
+  static_assert(kOutputs <= kGemvMaxSlotFloats, "the workspace holds tiles of at most 16 rows");
+  __shared__ float partial[kWarps][kRowTiles * 4 * 32];
+  __shared__ int last_to_arrive;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane >> 2, tig = lane & 3;
+  const int chunks = (k + 31) / 32, steps = (chunks + kBatch - 1) / kBatch;
+  const int64_t units = int64_t(table.first_tile[table.num_jobs]) * steps;
+  const StreamKSplit split{min(int64_t(gridDim.x), units), units, steps};
+  const int64_t block = blockIdx.x;
+  allow_dependent_launch();
+  if (block >= split.parts) return;
+  const int64_t u_begin = split.first_unit(block), u_end = split.first_unit(block + 1);
+  const bool x_lo_live = group < m, x_hi_live = kWide && group + 8 < m;
+  const float* x_lo = x + static_cast<int64_t>(min(group, m - 1)) * k + 8 * tig;
+  const float* x_hi = x + static_cast<int64_t>(min(group + 8, m - 1)) * k + 8 * tig;
+  constexpr uint4 kZero = {0u, 0u, 0u, 0u};
+  bool waited = false;
+
+  for (int64_t u = u_begin; u < u_end;) {
+    const int tile = static_cast<int>(u / steps);
+    const int s_begin = static_cast<int>(u % steps);
+    const int s_end = static_cast<int>(min(static_cast<int64_t>(steps), s_begin + (u_end - u)));
+    u += s_end - s_begin;
+    const uint16_t* w_lane[kRowTiles];
+    const int job = tile_rows<kRowTiles>(table, tile, k, w_lane);
+    float acc[kRowTiles][4];
+#pragma unroll
+    for (int t = 0; t < kRowTiles; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    for (int s = s_begin; s < s_end; ++s) {
+      bool live[kUnroll];
+      uint4 w[kUnroll][kRowTiles];
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        const int c = s * kBatch + i * kWarps + warp;
+        live[i] = c < chunks && 32 * c + 8 * tig + 8 <= k;
+#pragma unroll
+        for (int t = 0; t < kRowTiles; ++t)
+          w[i][t] = live[i] ? load_weights16<Shape::kLoad>(w_lane[t] + 32 * c) : kZero;
+      }
+      if (!waited) {  // weights first: they depend on no earlier kernel, x does
+        wait_for_prerequisite_grids();
+        waited = true;
+      }
+      uint4 lo[kUnroll], hi[kUnroll];
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        const int c = s * kBatch + i * kWarps + warp;
+        lo[i] = live[i] && x_lo_live ? load_x8_bf16(x_lo + 32 * c) : kZero;
+        hi[i] = live[i] && x_hi_live ? load_x8_bf16(x_hi + 32 * c) : kZero;
+      }
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) mma_chunk<kWide>(acc, w[i], lo[i], hi[i]);
+    }
+
+#pragma unroll
+    for (int t = 0; t < kRowTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][(t * 4 + i) * 32 + lane] = acc[t][i];
+    __syncthreads();
+    const bool whole = s_begin == 0 && s_end == steps;
+    const int rows = table.rows[job], row0 = (tile - table.first_tile[job]) * Shape::kBlockRows;
+    float* y = table.y[job];
+    const float* bias = table.bias[job];
+    auto store = [&](int idx, float v) {
+      const int n = idx / Shape::kBlockRows, row = row0 + idx % Shape::kBlockRows;
+      if (n >= m || row >= rows) return;
+      v += bias ? bias[row] : 0.0f;
+      float* out = y + static_cast<int64_t>(n) * rows + row;
+      *out = table.accumulate ? *out + v : v;
+    };
+    const int64_t first = whole ? 0 : split.owner(int64_t(tile) * steps);
+    const int64_t last = whole ? 0 : split.owner(int64_t(tile + 1) * steps - 1);
+    auto slot_of = [&](int64_t b) {  // a block's first tile goes to its slot 0, its last to slot 1
+      return ws.partials + (2 * b + (tile == split.first_unit(b) / steps ? 0 : 1)) * kGemvMaxSlotFloats;
+    };
+    // One thread per (x row n, weight row r) of the tile; consecutive threads, consecutive rows.
+    for (int idx = threadIdx.x; idx < kOutputs; idx += Shape::kThreads) {
+      const int n = idx / Shape::kBlockRows, r = idx % Shape::kBlockRows;
+      const int value = ((r / 8) * 4 + (n >= 8 ? 2 : 0) + (r & 1)) * 32 + (n & 7) * 4 + (r & 7) / 2;
+      float v = partial[0][value];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) v += partial[w][value];
+      if (whole)
+        store(idx, v);
+      else
+        slot_of(block)[idx] = v;
+    }
+    if (!whole) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) last_to_arrive = atomicAdd(ws.counters + first, 1) == last - first;
+      __syncthreads();
+      if (last_to_arrive) {
+        __threadfence();
+        for (int idx = threadIdx.x; idx < kOutputs; idx += Shape::kThreads) {
+          float v = 0.0f;
+          for (int64_t b = first; b <= last; ++b) v += __ldcg(slot_of(b) + idx);
+          store(idx, v);
+        }
+        if (threadIdx.x == 0) ws.counters[first] = 0;  // ready for the next launch
+      }
+    }
+    __syncthreads();  // partial[] and last_to_arrive are reused by the next segment
+  }
 }
 
 }  // namespace ninfer::cuda::kernels

@@ -1,5 +1,6 @@
 // Launchers of the GEMV kernels and of the read-bandwidth probe (see launchers.h).
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "backends/cuda/cuda_check.h"
@@ -53,45 +54,59 @@ void launch_maybe_overlapped(bool overlap, unsigned int blocks, unsigned int thr
   NINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
-// The stream-K kernel on a grid of as many blocks as fit on the chip at once (kMaxBlocksPerSm
-// caps them per SM when > 0), never more warps than units of work or than the workspace has.
-template <typename Shape, int kMaxBlocksPerSm = 0>
+enum class StreamK { WarpRegisters, WarpPipelined, Blocks };
+
+template <typename Shape, StreamK kKind, bool kWide>
+constexpr auto stream_k_kernel() {
+  if constexpr (kKind == StreamK::WarpRegisters) return kernels::gemv_bf16_stream_k<Shape, kWide>;
+  else if constexpr (kKind == StreamK::WarpPipelined) return kernels::gemv_bf16_stream_k_pipelined<Shape, kWide>;
+  else return kernels::gemv_bf16_stream_k_blocks<Shape, kWide>;
+}
+
+// Blocks of one stream-K kernel resident per SM (kMaxBlocksPerSm caps it when > 0).
+template <typename Shape, StreamK kKind, bool kWide, int kMaxBlocksPerSm>
+int stream_k_blocks_per_sm() {
+  static const int per_sm = [] {
+    const auto kernel = stream_k_kernel<Shape, kKind, kWide>();
+    if (Shape::kRingBytes > 48 * 1024)
+      NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kRingBytes));
+    int blocks = 0;
+    NINFER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Shape::kThreads, Shape::kRingBytes));
+    return kMaxBlocksPerSm > 0 ? std::min(blocks, kMaxBlocksPerSm) : blocks;
+  }();
+  return per_sm;
+}
+
+// A stream-K kernel on a grid of as many blocks as fit on the chip at once, never more workers
+// (warps, or blocks for StreamK::Blocks) than units of work or workspace slots.
+template <typename Shape, StreamK kKind, bool kWide, int kMaxBlocksPerSm>
+void launch_stream_k(GemvLaunch& l, int64_t units) {
+  const GemvWorkspace& ws = l.options->workspace;
+  if (!ws.partials || !ws.counters) throw std::invalid_argument("launch_gemv_bf16: the stream-K GEMV needs a workspace");
+  const int64_t per_block = kKind == StreamK::Blocks ? 1 : Shape::kWarps;  // workers per block
+  const int64_t capacity = int64_t(stream_k_blocks_per_sm<Shape, kKind, kWide, kMaxBlocksPerSm>()) * sm_count();
+  const int64_t blocks =
+      std::max<int64_t>(1, std::min({capacity, (units + per_block - 1) / per_block, ws.max_warps / per_block}));
+  const kernels::GemvWorkspace kws{ws.partials, ws.counters, ws.max_warps};
+  launch_maybe_overlapped(l.options->overlap_previous, static_cast<unsigned int>(blocks), Shape::kThreads,
+                          Shape::kRingBytes, l.stream, stream_k_kernel<Shape, kKind, kWide>(), l.table, l.x, l.m, l.k,
+                          kws);
+}
+
+template <typename Shape, StreamK kKind, int kMaxBlocksPerSm = 0>
 void gemv_stream_k(GemvLaunch& l) {
   l.table.first_tile[0] = 0;
   for (int j = 0; j < l.num_jobs; ++j)
     l.table.first_tile[j + 1] = l.table.first_tile[j] + (l.jobs[j].rows + Shape::kBlockRows - 1) / Shape::kBlockRows;
-  const int64_t units = int64_t(l.table.first_tile[l.num_jobs]) * ((l.k + 31) / 32);
-  const GemvWorkspace& ws = l.options->workspace;
-  if (!ws.partials || !ws.counters) throw std::invalid_argument("launch_gemv_bf16: the stream-K GEMV needs a workspace");
-  auto run = [&](auto kernel) {
-    static const int per_sm = [&] {
-      if (Shape::kRingBytes > 48 * 1024)
-        NINFER_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kRingBytes));
-      int blocks = 0;
-      NINFER_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Shape::kThreads, Shape::kRingBytes));
-      return kMaxBlocksPerSm > 0 ? std::min(blocks, kMaxBlocksPerSm) : blocks;
-    }();
-    const int64_t blocks = std::clamp<int64_t>(
-        std::min<int64_t>({int64_t(per_sm) * sm_count(), units / Shape::kWarps, ws.max_warps / Shape::kWarps}), 1,
-        int64_t(1) << 30);
-    if (blocks * Shape::kWarps > ws.max_warps) throw std::invalid_argument("launch_gemv_bf16: workspace too small");
-    kernels::GemvWorkspace kws{ws.partials, ws.counters, ws.max_warps};
-    launch_maybe_overlapped(l.options->overlap_previous, static_cast<unsigned int>(blocks), Shape::kThreads,
-                            Shape::kRingBytes, l.stream, kernel, l.table, l.x, l.m, l.k, kws);
-  };
-  if constexpr (Shape::kPipelined) {
-    if (l.m > 8)
-      run(kernels::gemv_bf16_stream_k_pipelined<Shape, true>);
-    else
-      run(kernels::gemv_bf16_stream_k_pipelined<Shape, false>);
-  } else {
-    if (l.m > 8)
-      run(kernels::gemv_bf16_stream_k<Shape, true>);
-    else
-      run(kernels::gemv_bf16_stream_k<Shape, false>);
-  }
+  const int chunks = (l.k + 31) / 32;
+  const int units_per_tile =
+      kKind == StreamK::Blocks ? (chunks + Shape::kWarps * Shape::kUnroll - 1) / (Shape::kWarps * Shape::kUnroll)
+                               : chunks;
+  const int64_t units = int64_t(l.table.first_tile[l.num_jobs]) * units_per_tile;
+  if (l.m > 8)
+    launch_stream_k<Shape, kKind, true, kMaxBlocksPerSm>(l, units);
+  else
+    launch_stream_k<Shape, kKind, false, kMaxBlocksPerSm>(l, units);
 }
 
 // Baseline: one block per 8·kRowTiles rows.
@@ -138,21 +153,31 @@ struct GemvVariant {
 // The benchmark's variants: stream-K (rows per tile, warps per block, chunks in flight per warp,
 // blocks per SM cap) and the baselines.
 constexpr GemvVariant kGemvVariants[] = {
-    {"stream-K pipelined r16 w8 s8", gemv_stream_k<GemvShape<2, 8, 8, true>>},
-    {"stream-K pipelined r16 w4 s8", gemv_stream_k<GemvShape<2, 4, 8, true>>},
-    {"stream-K pipelined r16 w8 s4", gemv_stream_k<GemvShape<2, 8, 4, true>>},
-    {"stream-K pipelined r8 w8 s16", gemv_stream_k<GemvShape<1, 8, 16, true>>},
-    {"stream-K pipelined r16 w8 s12", gemv_stream_k<GemvShape<2, 8, 12, true>>},
-    {"stream-K pipelined r16 w8 s8 2/SM", gemv_stream_k<GemvShape<2, 8, 8, true>, 2>},
-    {"stream-K registers r16 w8 u4", gemv_stream_k<GemvShape<2, 8, 4>>},
-    {"stream-K registers r16 w8 u8", gemv_stream_k<GemvShape<2, 8, 8>>},
-    {"stream-K registers r8 w8 u8", gemv_stream_k<GemvShape<1, 8, 8>>},
+    {"block stream-K r16 w4 u4", gemv_stream_k<GemvShape<2, 4, 4>, StreamK::Blocks>},
+    {"block stream-K r16 w8 u4", gemv_stream_k<GemvShape<2, 8, 4>, StreamK::Blocks>},
+    {"block stream-K r16 w4 u8", gemv_stream_k<GemvShape<2, 4, 8>, StreamK::Blocks>},
+    {"block stream-K r16 w8 u2", gemv_stream_k<GemvShape<2, 8, 2>, StreamK::Blocks>},
+    {"block stream-K r8 w8 u4", gemv_stream_k<GemvShape<1, 8, 4>, StreamK::Blocks>},
+    {"block stream-K r16 w4 u4 8/SM", gemv_stream_k<GemvShape<2, 4, 4, false, WeightLoad::StreamPrefetch, 8>,
+                                                    StreamK::Blocks>},
+    {"block stream-K r16 w8 u4 4/SM", gemv_stream_k<GemvShape<2, 8, 4, false, WeightLoad::StreamPrefetch, 4>,
+                                                    StreamK::Blocks>},
+    {"warp stream-K pipelined r16 w8 s8 L2::256B", gemv_stream_k<GemvShape<2, 8, 8, true>, StreamK::WarpPipelined>},
+    {"warp stream-K registers r16 w8 u4", gemv_stream_k<GemvShape<2, 8, 4>, StreamK::WarpRegisters>},
+    {"block r16 w4 u4 (round 2 best)", gemv_block_split<GemvShape<2, 4, 4>>},
     {"block r16 w8 u4 (round 1)", gemv_block_split<GemvShape<2, 8, 4>>},
-    {"block r16 w4 u4", gemv_block_split<GemvShape<2, 4, 4>>},
     {"legacy fma 4 rows/warp", gemv_legacy<>},
 };
 constexpr int kGemvVariantCount = static_cast<int>(sizeof(kGemvVariants) / sizeof(kGemvVariants[0]));
-constexpr int kDefaultGemvVariant = 0;
+// NINFER_GEMV_VARIANT=i (read once) makes variant i the default, to time the model with it.
+int default_gemv_variant() {
+  static const int variant = [] {
+    const char* v = std::getenv("NINFER_GEMV_VARIANT");
+    const int i = v ? std::atoi(v) : -1;
+    return i >= 0 && i < kGemvVariantCount ? i : 9;
+  }();
+  return variant;
+}
 
 }  // namespace
 
@@ -189,7 +214,7 @@ void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, 
     l.table.y[j] = jobs[j].y;
     l.table.rows[j] = jobs[j].rows;
   }
-  kGemvVariants[options.variant < 0 ? kDefaultGemvVariant : options.variant].launch(l);
+  kGemvVariants[options.variant < 0 ? default_gemv_variant() : options.variant].launch(l);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
