@@ -70,7 +70,7 @@ class CudaGemv {
     NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
     NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (cuda::CublasRuntime::get().available()) cublas_ = cuda::CublasRuntime::get().create_handle(stream_);
-    const int64_t warps = cuda::gemv_workspace_warps(num_sms_);
+    const int64_t warps = cuda::gemv_workspace_blocks(num_sms_);
     workspace_memory_ = std::make_unique<DeviceBytes>(cuda::gemv_workspace_bytes(warps), stream_);
     NINFER_CUDA_CHECK(
         cudaMemsetAsync(workspace_memory_->as<void>(), 0, cuda::gemv_workspace_bytes(warps), stream_));

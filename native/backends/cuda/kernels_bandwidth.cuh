@@ -1,5 +1,6 @@
-// A read-only stream over device memory: the ceiling a weight-streaming kernel (the GEMV) can
-// reach, measured the same way (a copy counts bytes read and written, a GEMV only reads).
+// A read-only stream over device memory with the GEMV's weight loads: the ceiling a
+// weight-streaming kernel can reach, measured the same way (a copy counts bytes read and
+// written, a GEMV only reads).
 #pragma once
 
 #include "backends/cuda/kernels_gemv.cuh"
@@ -19,7 +20,7 @@ __global__ void read_stream(const uint4* __restrict__ data, int64_t count, uint3
     uint4 v[kReadStreamUnroll];
 #pragma unroll
     for (int u = 0; u < kReadStreamUnroll; ++u)
-      v[u] = load_weights16<WeightLoad::Stream>(reinterpret_cast<const uint16_t*>(data + i + u * stride));
+      v[u] = load_weights16(reinterpret_cast<const uint16_t*>(data + i + u * stride));
 #pragma unroll
     for (int u = 0; u < kReadStreamUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }

@@ -64,6 +64,7 @@ template <int kPerThread>
 __global__ void __launch_bounds__(1024) add_rms_norm(float* h, const float* __restrict__ branch, int64_t cols,
                              const float* __restrict__ weight, float eps, float* __restrict__ y) {
   allow_dependent_launch();  // the next GEMV may start streaming its weights
+  wait_for_prerequisite_grids();
   float* hr = h + static_cast<int64_t>(blockIdx.x) * cols;
   const float* br = branch + static_cast<int64_t>(blockIdx.x) * cols;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
@@ -105,8 +106,10 @@ __global__ void __launch_bounds__(1024) add_rms_norm(float* h, const float* __re
 // One block per row; the block reduces the sum of squares through shared memory. kPerThread
 // as for add_rms_norm (x may equal y: every load comes before the first store).
 template <int kPerThread>
-__global__ void __launch_bounds__(1024) rms_norm(const float* x, int64_t cols, const float* __restrict__ weight, float eps, float* y) {
+__global__ void __launch_bounds__(1024)
+    rms_norm(const float* x, int64_t cols, const float* __restrict__ weight, float eps, float* y) {
   allow_dependent_launch();
+  wait_for_prerequisite_grids();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
   __shared__ float partial[32];
@@ -155,6 +158,7 @@ __global__ void rope(float* x, int64_t heads, int64_t head_dim, int64_t half, co
 
 __global__ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   allow_dependent_launch();
+  wait_for_prerequisite_grids();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];

@@ -4,6 +4,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_elementwise.cuh"
+#include "backends/cuda/launch_overlapped.h"
 #include "backends/cuda/launchers.h"
 
 namespace ninfer::cuda {
@@ -22,33 +23,28 @@ int row_threads(int64_t cols) { return cols >= 1024 ? 1024 : (cols >= 256 ? 256 
 
 // Launches Kernel<kPerThread> (one block per row) with the smallest kPerThread that holds a
 // row in registers, or the looping Kernel<0> for rows wider than 16 values a thread.
-template <template <int> class Launch, typename... Args>
-void per_row(int64_t rows, int64_t cols, cudaStream_t stream, Args... args) {
+template <template <int> class Kernel, typename... Args>
+void per_row(int64_t rows, int64_t cols, bool overlap, cudaStream_t stream, Args... args) {
   const int threads = row_threads(cols);
   const int64_t per_thread = (cols + threads - 1) / threads;
   const dim3 grid(static_cast<unsigned int>(rows)), block(static_cast<unsigned int>(threads));
-  if (per_thread <= 1) return Launch<1>::run(grid, block, stream, args...);
-  if (per_thread <= 2) return Launch<2>::run(grid, block, stream, args...);
-  if (per_thread <= 4) return Launch<4>::run(grid, block, stream, args...);
-  if (per_thread <= 8) return Launch<8>::run(grid, block, stream, args...);
-  if (per_thread <= 16) return Launch<16>::run(grid, block, stream, args...);
-  Launch<0>::run(grid, block, stream, args...);
+  auto run = [&](auto kernel) { launch_overlapped(overlap, grid, block, 0, stream, kernel, args...); };
+  if (per_thread <= 1) return run(Kernel<1>::kernel);
+  if (per_thread <= 2) return run(Kernel<2>::kernel);
+  if (per_thread <= 4) return run(Kernel<4>::kernel);
+  if (per_thread <= 8) return run(Kernel<8>::kernel);
+  if (per_thread <= 16) return run(Kernel<16>::kernel);
+  run(Kernel<0>::kernel);
 }
 
 template <int kPerThread>
-struct RmsNormLaunch {
-  static void run(dim3 grid, dim3 block, cudaStream_t stream, const float* x, int64_t cols, const float* weight,
-                  float eps, float* y) {
-    kernels::rms_norm<kPerThread><<<grid, block, 0, stream>>>(x, cols, weight, eps, y);
-  }
+struct RmsNorm {
+  static constexpr auto kernel = kernels::rms_norm<kPerThread>;
 };
 
 template <int kPerThread>
-struct AddRmsNormLaunch {
-  static void run(dim3 grid, dim3 block, cudaStream_t stream, float* h, const float* branch, int64_t cols,
-                  const float* weight, float eps, float* y) {
-    kernels::add_rms_norm<kPerThread><<<grid, block, 0, stream>>>(h, branch, cols, weight, eps, y);
-  }
+struct AddRmsNorm {
+  static constexpr auto kernel = kernels::add_rms_norm<kPerThread>;
 };
 
 }  // namespace
@@ -79,16 +75,16 @@ void launch_embedding(const bf16_bits* table, int64_t cols, const int32_t* token
 }
 
 void launch_rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  per_row<RmsNormLaunch>(rows, cols, stream, x, cols, weight, eps, y);
+  per_row<RmsNorm>(rows, cols, overlap_previous, stream, x, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* h, const float* branch, int64_t rows, int64_t cols, const float* weight, float eps,
-                         float* y, cudaStream_t stream) {
+                         float* y, cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  per_row<AddRmsNormLaunch>(rows, cols, stream, h, branch, cols, weight, eps, y);
+  per_row<AddRmsNorm>(rows, cols, overlap_previous, stream, h, branch, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
@@ -100,9 +96,11 @@ void launch_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int6
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
-void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream,
+                   bool overlap_previous) {
   if (n <= 0) return;
-  kernels::swiglu<<<stride_blocks(n), kThreads, 0, stream>>>(gate, up, n, out);
+  launch_overlapped(overlap_previous, dim3(stride_blocks(n)), dim3(kThreads), 0, stream, kernels::swiglu, gate, up, n,
+                    out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
