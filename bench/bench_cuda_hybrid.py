@@ -8,8 +8,10 @@ the weights a step reads, the KV cache of the 16 full-attention layers, the GDN 
 conv states read and written); a per-kernel breakdown of a batch-1 decode step; and the GDN
 layer core alone (conv, norms, gates, delta rule, gated norm) at decode shapes, against the
 bytes of its state. Decode is timed with decode CUDA graphs on and off (NINFER_CUDA_GRAPHS,
-read by the backend at every step). Hybrid lanes cannot share a prefix (their recurrent state
-would be wrong), so every lane is prefilled; lanes are prefilled together, 2 at a time.
+read by the backend at every step), and optionally with the GEMVs launched without overlapping
+the previous kernel (--modes ...-nopdl: NINFER_CUDA_PDL=0, also read at every step). Hybrid
+lanes cannot share a prefix (their recurrent state would be wrong), so every lane is
+prefilled; lanes are prefilled together, 2 at a time.
 
 Writes results_hybrid.json / results_hybrid.md under --out and prints the table.
 """
@@ -119,10 +121,17 @@ def decode_row(
 
 
 def run_shape(
-    name: str, bw: float, rate: float, steps: int, contexts: list[int], decode_only: bool
+    name: str,
+    bw: float,
+    rate: float,
+    steps: int,
+    contexts: list[int],
+    decode_only: bool,
+    batches: list[int],
+    modes: list[str],
 ) -> dict:
     cfg = qwen3_5_preset(name)
-    lanes, prompt_len = 16, 8192
+    lanes, prompt_len = max(batches), 8192
     counts = shape_counts(cfg)
     out: dict = {"shape": name, "counts": counts}
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,10 +188,13 @@ def run_shape(
             runner.reset(lane)
         for lane in range(0, lanes, 2):  # every lane holds `context` tokens of real state
             runner.forward_batch(
-                [(lane, 0, tokens[:context]), (lane + 1, 0, tokens[1 : context + 1])]
+                [
+                    (ln, 0, tokens[ln % 2 : context + ln % 2])
+                    for ln in range(lane, min(lane + 2, lanes))
+                ]
             )
         position = [context] * lanes
-        for batch in (1, 4, 8, 16):
+        for batch in batches:
 
             def step(batch=batch, position=position):
                 runner.forward_batch(
@@ -191,8 +203,10 @@ def run_shape(
                 for lane in range(batch):
                     position[lane] += 1
 
-            for graphs in (True, False):
+            for mode in modes:
+                graphs = not mode.startswith("eager")
                 os.environ["NINFER_CUDA_GRAPHS"] = "1" if graphs else "0"
+                os.environ["NINFER_CUDA_PDL"] = "0" if mode.endswith("-nopdl") else "1"
                 for _ in range(3):  # warm-up: GEMV/cuBLAS choice, then the graph's capture
                     step()
                 torch.cuda.synchronize()
@@ -204,14 +218,15 @@ def run_shape(
                     decode_row(cfg, bw, context, batch, sec, position[0] - steps / 2, graphs)
                 )
                 r = rows[-1]
+                r["mode"] = mode
                 print(
-                    f"[{name}] decode ctx {context} batch {batch} "
-                    f"graphs {'on' if graphs else 'off'}: "
+                    f"[{name}] decode ctx {context} batch {batch} {mode}: "
                     f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms']:.2f} ms/step), floor "
                     f"{r['floor_tokens_per_s']:.1f} ({100 * r['ratio']:.1f}%)",
                     flush=True,
                 )
             os.environ.pop("NINFER_CUDA_GRAPHS")
+            os.environ.pop("NINFER_CUDA_PDL")
     out["decode"] = rows
     pos = position[0]
     os.environ["NINFER_CUDA_GRAPHS"] = "0"  # per-kernel figures of the eager step
@@ -265,7 +280,7 @@ def to_markdown(result: dict) -> str:
                 f"| {p['floor_tokens_per_s']:.0f} tok/s | {100 * p['ratio']:.1f}% |"
             )
         for r in shape["decode"]:
-            graphs = "graphs on" if r["graphs"] else "graphs off"
+            graphs = r.get("mode", "graphs on" if r["graphs"] else "graphs off")
             lines.append(
                 f"| decode b{r['batch']} {r['context']} ctx, {graphs} "
                 f"| {r['tokens_per_s']:.1f} tok/s "
@@ -298,6 +313,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--shapes", default="qwen3.6-27b,qwen3.6-35b-a3b")
     parser.add_argument("--decode-only", action="store_true", help="skip prefill and GDN timings")
+    parser.add_argument("--batches", default="1,4,8,16", help="decode batch sizes")
+    parser.add_argument("--contexts", default="1024,8192", help="decode context lengths")
+    parser.add_argument(
+        "--modes",
+        default="graphs,eager",
+        help="decode modes: graphs, eager; a -nopdl suffix launches GEMVs without overlap",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {
@@ -311,7 +333,16 @@ def main() -> int:
     for name in args.shapes.split(","):
         try:
             result["shapes"].append(
-                run_shape(name, bw, rate, args.steps, [1024, 8192], args.decode_only)
+                run_shape(
+                    name,
+                    bw,
+                    rate,
+                    args.steps,
+                    [int(c) for c in args.contexts.split(",")],
+                    args.decode_only,
+                    [int(b) for b in args.batches.split(",")],
+                    args.modes.split(","),
+                )
             )
         except Exception as exc:  # keep the other shape's figures
             print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", flush=True)

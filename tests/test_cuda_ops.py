@@ -101,10 +101,11 @@ def test_embedding_and_random_weight(ops):
     assert np.abs(a).max() <= 0.5 and abs(float(a.mean())) < 0.02 and 0.25 < float(a.std()) < 0.33
 
 
-def test_rms_norm(ops):
-    rng = rng_for(12)
-    x = rng.standard_normal((7, 1000), dtype=np.float32) * 3
-    w = rng.standard_normal(1000, dtype=np.float32)
+@pytest.mark.parametrize("cols", [256, 1000, 5120, 17000])
+def test_rms_norm(ops, cols):
+    rng = rng_for(12, cols)
+    x = rng.standard_normal((7, cols), dtype=np.float32) * 3
+    w = rng.standard_normal(cols, dtype=np.float32)
     out = poisoned(x.shape)
     ops.rms_norm(x, w, 1e-5, out)
     x64 = x.astype(np.float64)
@@ -215,7 +216,8 @@ def test_attention_rejects_bad_slices(ops):
                             "auto", 0)
 
 
-@pytest.mark.parametrize("cols", [1000, 5120])
+# Widths for every register-cached block shape (1..16 values a thread) and the looping one.
+@pytest.mark.parametrize("cols", [64, 256, 300, 1000, 5120, 12000, 17000])
 def test_add_rms_norm_equals_add_then_rms_norm(ops, cols):
     rng = rng_for(31, cols)
     h = rng.standard_normal((5, cols), dtype=np.float32) * 2

@@ -18,5 +18,6 @@ void bind_sampling(pybind11::module_& m);   // sampling_bindings.cpp (called by 
 void bind_cuda_sampling(pybind11::module_& m);  // cuda_sampling_bindings.cpp (called by bind_sampling)
 // A SamplingBatch from a list of row dicts (see _core.sample_rows_host).
 SamplingBatch sampling_batch_from(const pybind11::list& rows);  // sampling_bindings.cpp
+void bind_cuda_gemv(pybind11::module_& m);    // cuda_gemv_bindings.cpp (called by bind_cuda)
 
 }  // namespace ninfer::bindings

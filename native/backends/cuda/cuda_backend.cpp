@@ -99,8 +99,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
   NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (CublasRuntime::get().available()) cublas_ = CublasRuntime::get().create_handle(stream_);
+  const int64_t gemv_blocks = gemv_workspace_blocks(num_sms_);
+  NINFER_CUDA_CHECK(cudaMalloc(&gemv_memory_, gemv_workspace_bytes(gemv_blocks)));
+  NINFER_CUDA_CHECK(cudaMemsetAsync(gemv_memory_, 0, gemv_workspace_bytes(gemv_blocks), stream_));
+  gemv_workspace_ = gemv_workspace_at(gemv_memory_, gemv_blocks);
   // NINFER_CUDA_MATMUL=gemv|cublas fixes the matmul path (tests that compare two backends
   // exactly; the timed auto choice may differ between them).
+  overlap_launches_ = overlap_launches_from_env();
   if (const char* path = std::getenv("NINFER_CUDA_MATMUL")) {
     if (std::strcmp(path, "gemv") == 0) matmul_path_ = MatmulPath::Gemv;
     if (std::strcmp(path, "cublas") == 0) matmul_path_ = MatmulPath::Cublas;
@@ -112,6 +117,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   graphs_.clear();
   if (cublas_) CublasRuntime::get().destroy_handle(cublas_);
+  if (gemv_memory_) cudaFree(gemv_memory_);
   for (const auto& chunk : arena_) cudaFree(chunk.ptr);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -261,7 +267,8 @@ void CudaBackend::run_gemv(const float* x, int64_t m, std::span<const MatmulOutp
         jobs[n] = {static_cast<const uint16_t*>(o.weight->data), o.bias, o.y + r0 * o.weight->rows,
                    static_cast<int32_t>(o.weight->rows)};
       }
-      launch_gemv_bf16(jobs, n, x + r0 * k, rows, static_cast<int>(k), stream_);
+      launch_gemv_bf16(jobs, n, x + r0 * k, rows, static_cast<int>(k),
+                       {.workspace = gemv_workspace_, .overlap_previous = overlap_launches_}, stream_);
     }
   }
 }
@@ -326,6 +333,7 @@ void CudaBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulO
       not_graphable();
     else
       note(prefer_gemv(x, m, outputs));
+    note(overlap_launches_);
     return;
   }
   if (prefer_gemv(x, m, outputs))
@@ -352,7 +360,7 @@ void CudaBackend::embedding(const Weight& table, std::span<const int32_t> tokens
 void CudaBackend::rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y) {
   if (dry()) return;
   activate();
-  launch_rms_norm(x, rows, cols, weight, eps, y, stream_);
+  launch_rms_norm(x, rows, cols, weight, eps, y, stream_, overlap_launches_);
 }
 
 void CudaBackend::rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary_dim,
@@ -370,7 +378,7 @@ void CudaBackend::rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
   if (dry()) return;
   activate();
-  launch_swiglu(gate, up, n, out, stream_);
+  launch_swiglu(gate, up, n, out, stream_, overlap_launches_);
 }
 
 void CudaBackend::add(float* y, const float* x, int64_t n) {
@@ -387,7 +395,7 @@ void CudaBackend::add_rms_norm(float* y, const float* x, int64_t rows, int64_t c
   }
   if (dry()) return;
   activate();
-  launch_add_rms_norm(y, x, rows, cols, weight, eps, normed, stream_);
+  launch_add_rms_norm(y, x, rows, cols, weight, eps, normed, stream_, overlap_launches_);
 }
 
 void CudaBackend::gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) {

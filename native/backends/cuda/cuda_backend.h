@@ -14,6 +14,11 @@
 //
 // Matmul: bf16 weights, cuBLAS (resolved at run time) for larger m, a hand GEMV for m <= 16;
 // in auto mode the first call of each small shape times both and keeps the faster.
+//
+// Kernel overlap (programmatic dependent launch, on unless NINFER_CUDA_PDL=0): the GEMVs and
+// the norm/SwiGLU kernels between them are launched so that each may start before the previous
+// kernel ends; a GEMV streams its first weights early and waits on the device before it reads
+// x, so a decode step's matmuls run nearly back to back.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,6 +49,10 @@ uint64_t scratch_generation();
 // False when the environment sets NINFER_CUDA_GRAPHS=0 (read at every step, so that a
 // benchmark can time both in one process).
 bool step_graphs_from_env();
+
+// False when the environment sets NINFER_CUDA_PDL=0: kernels are then launched the ordinary
+// way instead of overlapping the previous kernel (read at every step, like the graphs switch).
+bool overlap_launches_from_env();
 
 // Steps replayed as graphs by every CudaBackend of the process (tests check graphs are used).
 uint64_t graph_replays_total();
@@ -214,6 +223,8 @@ class CudaBackend final : public Backend {
   std::vector<Chunk> arena_;
 
   DeviceScratch x_bf16_, partials_;
+  void* gemv_memory_ = nullptr;  // the GEMV's workspace (zeroed once, reused by every launch)
+  GemvWorkspace gemv_workspace_;
   MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;
   // hybrid-model scratch and metadata
   DeviceScratch gdn_conv_out_, gdn_gates_, gdn_chunk_workspace_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_,
@@ -233,6 +244,7 @@ class CudaBackend final : public Backend {
   std::map<std::vector<int64_t>, bool> gemv_faster_;  // (m, k, rows...) -> the GEMV won the timing
 
   bool step_graphs_ = true;
+  bool overlap_launches_ = true;  // launch GEMVs, norms and SwiGLU overlapping the previous kernel
   StepMode mode_ = StepMode::Eager;
   bool step_graphable_ = true;
   std::vector<int64_t> signature_;                     // the dry step's launch choices and sizes

@@ -30,6 +30,11 @@ bool step_graphs_from_env() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
+bool overlap_launches_from_env() {
+  const char* v = std::getenv("NINFER_CUDA_PDL");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
 CudaBackend::StepGraph::~StepGraph() {
   if (done) cudaEventSynchronize(done);
   if (exec) cudaGraphExecDestroy(exec);
@@ -67,6 +72,7 @@ const void* CudaBackend::stage(MetadataSlot& slot, const void* data, size_t byte
 }
 
 void CudaBackend::run_step(bool graphable, const std::function<void()>& enqueue) {
+  overlap_launches_ = overlap_launches_from_env();
   if (!step_graphs_ || !graphable || !step_graphs_from_env()) {
     enqueue();
     return;

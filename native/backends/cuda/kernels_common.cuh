@@ -34,6 +34,23 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Programmatic dependent launch (sm_90). A kernel that calls allow_dependent_launch() lets the
+// next kernel of the stream start early if that one was launched with programmatic stream
+// serialization; such a kernel must call wait_for_prerequisite_grids() before it touches
+// anything an earlier kernel writes or reads (the wait returns once those kernels completed
+// and their memory is visible). Both are no-ops for kernels launched the ordinary way.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 inline unsigned int blocks_for(int64_t n, int threads) {
   return static_cast<unsigned int>((n + threads - 1) / threads);
 }

@@ -55,34 +55,86 @@ __device__ __forceinline__ float block_sum(float sum, float* partial) {
 }
 
 // One block per row: h += branch, then y = rms_norm(h) (the residual add and the next layer's
-// norm in one pass; each thread re-reads only the elements it wrote, so no barrier between).
-// Same float operations in the same order as add then rms_norm with the same block size.
-__global__ void add_rms_norm(float* h, const float* __restrict__ branch, int64_t cols,
+// norm in one pass). With kPerThread > 0 (cols <= kPerThread * blockDim.x) every load of the
+// row (h, branch, weight) is issued before the first store, so the kernel pays one memory
+// latency instead of one per strided step (at batch 1 these kernels are latency-bound);
+// kPerThread = 0 loops over any width. Either way, the same float operations in the same
+// order as rms_norm (below) with the same block size.
+template <int kPerThread>
+__global__ void __launch_bounds__(1024) add_rms_norm(float* h, const float* __restrict__ branch, int64_t cols,
                              const float* __restrict__ weight, float eps, float* __restrict__ y) {
+  allow_dependent_launch();  // the next GEMV may start streaming its weights
+  wait_for_prerequisite_grids();
   float* hr = h + static_cast<int64_t>(blockIdx.x) * cols;
   const float* br = branch + static_cast<int64_t>(blockIdx.x) * cols;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
-  float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = hr[c] + br[c];
-    hr[c] = v;
-    sum += v * v;
-  }
   __shared__ float partial[32];
-  const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = hr[c] * inv * weight[c];
+  float sum = 0.0f;
+  if constexpr (kPerThread > 0) {
+    float v[kPerThread], w[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      v[i] = c < cols ? hr[c] + br[c] : 0.0f;
+      w[i] = c < cols ? weight[c] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) {
+        hr[c] = v[i];
+        sum += v[i] * v[i];
+      }
+    }
+    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) yr[c] = v[i] * inv * w[i];
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = hr[c] + br[c];
+      hr[c] = v;
+      sum += v * v;
+    }
+    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = hr[c] * inv * weight[c];
+  }
 }
 
-// One block per row; the block reduces the sum of squares through shared memory.
-__global__ void rms_norm(const float* x, int64_t cols, const float* __restrict__ weight, float eps,
-                         float* y) {
+// One block per row; the block reduces the sum of squares through shared memory. kPerThread
+// as for add_rms_norm (x may equal y: every load comes before the first store).
+template <int kPerThread>
+__global__ void __launch_bounds__(1024)
+    rms_norm(const float* x, int64_t cols, const float* __restrict__ weight, float eps, float* y) {
+  allow_dependent_launch();
+  wait_for_prerequisite_grids();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
-  float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c] * xr[c];
   __shared__ float partial[32];
-  const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * weight[c];
+  float sum = 0.0f;
+  if constexpr (kPerThread > 0) {
+    float v[kPerThread], w[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      v[i] = c < cols ? xr[c] : 0.0f;
+      w[i] = c < cols ? weight[c] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) sum += v[i] * v[i];  // zeros past cols add nothing
+    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) yr[c] = v[i] * inv * w[i];
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c] * xr[c];
+    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * weight[c];
+  }
 }
 
 // One block per token; threads cover (head, i < rotary_dim / 2) pairs (HF rotate_half).
@@ -105,6 +157,8 @@ __global__ void rope(float* x, int64_t heads, int64_t head_dim, int64_t half, co
 }
 
 __global__ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  allow_dependent_launch();
+  wait_for_prerequisite_grids();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];

@@ -23,6 +23,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 template <bool ZERO_CENTERED, bool GATED>
 __global__ void row_norm(const float* x, int64_t x_stride, const float* __restrict__ z, int64_t dim,
                          const float* __restrict__ weight, float eps, float* out, int64_t out_stride) {
+  allow_dependent_launch();  // the next GEMV (GDN out_proj) may start streaming its weights
   __shared__ float scratch[32];
   const float* xr = x + blockIdx.x * x_stride;
   float* yr = out + blockIdx.x * out_stride;
@@ -49,6 +50,7 @@ __global__ void split_query_gate(const float* __restrict__ in, int64_t total, in
 }
 
 __global__ void sigmoid_gate_multiply(float* x, const float* __restrict__ gate, int64_t n) {
+  allow_dependent_launch();  // the next GEMV (o_proj) may start streaming its weights
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= 1.0f / (1.0f + expf(-gate[i]));
 }

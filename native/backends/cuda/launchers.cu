@@ -1,10 +1,10 @@
-// Launchers of the elementwise and GEMV kernels (see launchers.h).
+// Launchers of the elementwise kernels (see launchers.h).
 #include <stdexcept>
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_elementwise.cuh"
-#include "backends/cuda/kernels_gemv.cuh"
+#include "backends/cuda/launch_overlapped.h"
 #include "backends/cuda/launchers.h"
 
 namespace ninfer::cuda {
@@ -21,12 +21,31 @@ unsigned int stride_blocks(int64_t n) {
 
 int row_threads(int64_t cols) { return cols >= 1024 ? 1024 : (cols >= 256 ? 256 : 128); }
 
-template <int M>
-void gemv_for(const kernels::GemvJobTable& table, const float* x, int k, cudaStream_t stream) {
-  const int warps = table.first_warp[table.num_jobs];
-  const int blocks = (warps + kernels::kGemvWarpsPerBlock - 1) / kernels::kGemvWarpsPerBlock;
-  kernels::gemv_bf16<M><<<blocks, kernels::kGemvWarpsPerBlock * 32, 0, stream>>>(table, x, k);
+// Launches Kernel<kPerThread> (one block per row) with the smallest kPerThread that holds a
+// row in registers, or the looping Kernel<0> for rows wider than 16 values a thread.
+template <template <int> class Kernel, typename... Args>
+void per_row(int64_t rows, int64_t cols, bool overlap, cudaStream_t stream, Args... args) {
+  const int threads = row_threads(cols);
+  const int64_t per_thread = (cols + threads - 1) / threads;
+  const dim3 grid(static_cast<unsigned int>(rows)), block(static_cast<unsigned int>(threads));
+  auto run = [&](auto kernel) { launch_overlapped(overlap, grid, block, 0, stream, kernel, args...); };
+  if (per_thread <= 1) return run(Kernel<1>::kernel);
+  if (per_thread <= 2) return run(Kernel<2>::kernel);
+  if (per_thread <= 4) return run(Kernel<4>::kernel);
+  if (per_thread <= 8) return run(Kernel<8>::kernel);
+  if (per_thread <= 16) return run(Kernel<16>::kernel);
+  run(Kernel<0>::kernel);
 }
+
+template <int kPerThread>
+struct RmsNorm {
+  static constexpr auto kernel = kernels::rms_norm<kPerThread>;
+};
+
+template <int kPerThread>
+struct AddRmsNorm {
+  static constexpr auto kernel = kernels::add_rms_norm<kPerThread>;
+};
 
 }  // namespace
 
@@ -39,41 +58,6 @@ void launch_f32_to_bf16(const float* x, bf16_bits* y, int64_t n, cudaStream_t st
 void launch_random_bf16(bf16_bits* w, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {
   if (n <= 0) return;
   kernels::random_bf16<<<stride_blocks(n), kThreads, 0, stream>>>(w, n, seed, scale);
-  NINFER_CUDA_CHECK_LAUNCH();
-}
-
-void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, int k, cudaStream_t stream) {
-  if (num_jobs < 1 || num_jobs > kGemvMaxJobs || m < 1 || m > kGemvMaxRows || k % 8 != 0)
-    throw std::invalid_argument("launch_gemv_bf16: unsupported jobs/m/k");
-  kernels::GemvJobTable table{};
-  table.num_jobs = num_jobs;
-  table.first_warp[0] = 0;
-  for (int j = 0; j < num_jobs; ++j) {
-    table.w[j] = jobs[j].w;
-    table.bias[j] = jobs[j].bias;
-    table.y[j] = jobs[j].y;
-    table.rows[j] = jobs[j].rows;
-    table.first_warp[j + 1] =
-        table.first_warp[j] + (jobs[j].rows + kernels::kGemvRowsPerWarp - 1) / kernels::kGemvRowsPerWarp;
-  }
-  switch (m) {
-    case 1: gemv_for<1>(table, x, k, stream); break;
-    case 2: gemv_for<2>(table, x, k, stream); break;
-    case 3: gemv_for<3>(table, x, k, stream); break;
-    case 4: gemv_for<4>(table, x, k, stream); break;
-    case 5: gemv_for<5>(table, x, k, stream); break;
-    case 6: gemv_for<6>(table, x, k, stream); break;
-    case 7: gemv_for<7>(table, x, k, stream); break;
-    case 8: gemv_for<8>(table, x, k, stream); break;
-    case 9: gemv_for<9>(table, x, k, stream); break;
-    case 10: gemv_for<10>(table, x, k, stream); break;
-    case 11: gemv_for<11>(table, x, k, stream); break;
-    case 12: gemv_for<12>(table, x, k, stream); break;
-    case 13: gemv_for<13>(table, x, k, stream); break;
-    case 14: gemv_for<14>(table, x, k, stream); break;
-    case 15: gemv_for<15>(table, x, k, stream); break;
-    default: gemv_for<16>(table, x, k, stream); break;
-  }
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
@@ -91,17 +75,16 @@ void launch_embedding(const bf16_bits* table, int64_t cols, const int32_t* token
 }
 
 void launch_rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  kernels::rms_norm<<<static_cast<unsigned int>(rows), row_threads(cols), 0, stream>>>(x, cols, weight, eps, y);
+  per_row<RmsNorm>(rows, cols, overlap_previous, stream, x, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* h, const float* branch, int64_t rows, int64_t cols, const float* weight, float eps,
-                         float* y, cudaStream_t stream) {
+                         float* y, cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  kernels::add_rms_norm<<<static_cast<unsigned int>(rows), row_threads(cols), 0, stream>>>(h, branch, cols, weight,
-                                                                                          eps, y);
+  per_row<AddRmsNorm>(rows, cols, overlap_previous, stream, h, branch, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
@@ -113,9 +96,11 @@ void launch_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int6
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
-void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream,
+                   bool overlap_previous) {
   if (n <= 0) return;
-  kernels::swiglu<<<stride_blocks(n), kThreads, 0, stream>>>(gate, up, n, out);
+  launch_overlapped(overlap_previous, dim3(stride_blocks(n)), dim3(kThreads), 0, stream, kernels::swiglu, gate, up, n,
+                    out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
