@@ -88,7 +88,9 @@ void launch_prefill_attention(const AttentionArgs& a, const PrefillItem* items, 
                               PrefillKernelConfig config) {
   if (num_items <= 0) return;
   const int group = a.num_heads / a.kv.num_kv_heads;
-  if (config.heads_per_block == 0) config.heads_per_block = group % 2 == 0 ? 2 : 1;
+  // Measured on an H200 (bench/bench_cuda_attention.py): one head per block and single-
+  // buffered K/V (two 4-warp blocks per SM) is the fastest at head_dim 256.
+  if (config.heads_per_block == 0) config.heads_per_block = 1;
   if (config.kv_stages == 0) config.kv_stages = 1;
   if ((config.heads_per_block != 1 && config.heads_per_block != 2) || group % config.heads_per_block != 0 ||
       (config.kv_stages != 1 && config.kv_stages != 2))
