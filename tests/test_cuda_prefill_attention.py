@@ -1,11 +1,11 @@
-"""The CUDA prefill attention kernel against a float64 causal reference.
+"""The CUDA prefill attention kernels against a float64 causal reference.
 
-Covers head dims 64/128/256, GQA ratios 1/6/8, every block shape of the kernel (query heads
-per block, K/V buffering), slices that start mid-page, several slices of different lengths in
-one call, and poisoned (NaN) outputs. The reference sees the same bf16-rounded q, K and V as
-the kernel, so what remains is the kernel's bf16 rounding of the probabilities and f32
-summation order. Rows are also checked one by one: a masking slip changes a few rows a lot
-and the whole-array error hardly at all.
+Covers head dims 64/128/256, GQA ratios 1/6/8, both kernels (mma.sync in every block shape,
+i.e. query heads per block and K/V buffering; wgmma), slices that start mid-page, several
+slices of different lengths in one call, and poisoned (NaN) outputs. The reference sees the
+same bf16-rounded q, K and V as the kernel, so what remains is the kernel's bf16 rounding of
+the probabilities and f32 summation order. Rows are also checked one by one: a masking slip
+changes a few rows a lot and the whole-array error hardly at all.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ pytestmark = [
 # (start, count): a fresh prompt longer than a block, a chunk continuing mid-page, a short
 # chunk after a partial page, and a long chunk after several pages; none aligned to 64.
 SPANS = [(0, 200), (100, 77), (37, 9), (513, 130)]
-KERNELS = [(0, 0), (1, 1), (1, 2), (2, 1), (2, 2)]  # (heads per block, K/V stages); 0 = default
+# (engine, heads per block, K/V stages); 0 = default. Engine 1: mma.sync, 2: wgmma.
+KERNELS = [(0, 0, 0), (1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def run(ops, q, keys, values, slices, scale, kernel) -> np.ndarray:
 @pytest.mark.parametrize("nh,nkv", [(4, 4), (24, 4), (16, 2)])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 def test_prefill_attention_matches_reference(ops, hd, nh, nkv, kernel):
-    if kernel[0] == 2 and (nh // nkv) % 2:
+    if kernel[1] == 2 and (nh // nkv) % 2:
         pytest.skip("two heads per block need an even GQA group")
     q, keys, values, slices = make_case(1, hd, nh, nkv, SPANS)
     scale = 1.0 / np.sqrt(hd)
@@ -122,6 +123,6 @@ def test_prefill_attention_masks_exactly_the_future(ops, hd, kernel):
 def test_prefill_attention_rejects_bad_block_shapes(ops):
     q, keys, values, slices = make_case(3, 64, 6, 2, [(0, 70)])  # GQA group 3
     out = np.full(q.shape, np.nan, dtype=np.float32)
-    for kernel in [(2, 1), (3, 1), (1, 3)]:
-        with pytest.raises(ValueError, match="heads per block"):
+    for kernel in [(1, 2, 1), (1, 3, 1), (1, 1, 3), (3, 1, 1), (2, 2, 1)]:
+        with pytest.raises(ValueError, match="does not fit"):
             ops.paged_attention(q, keys, values, slices, 64, 0.125, out, "prefill", 0, kernel)

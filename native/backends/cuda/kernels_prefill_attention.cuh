@@ -55,15 +55,26 @@ struct PrefillConfig {
   static constexpr int kThreads = kWarps * 32;
 };
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of HD-element rows.
+// Shared-memory layouts of bf16 tiles: the byte offset of 16-byte chunk `chunk` of row `row`.
+// Rows of HD elements, chunks XOR-ed with row % 8 so that ldmatrix reads hit distinct banks.
 template <int HD>
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
-  return static_cast<uint32_t>(row * HD * 2 + ((chunk ^ (row & 7)) << 4));
-}
+struct RowSwizzle {
+  static __device__ __forceinline__ uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>(row * HD * 2 + ((chunk ^ (row & 7)) << 4));
+  }
+};
+// wgmma's 128-byte swizzle: 64-element column groups of kRows rows x 128 bytes each, chunks
+// XOR-ed with row % 8 (the tile must be 1024-byte aligned).
+template <int kRows>
+struct WgmmaSwizzle {
+  static __device__ __forceinline__ uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((chunk >> 3) * kRows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+  }
+};
 
-// Copies key rows [0, 64) of one page's K (which = 0) or V (1) for `kv_head` into a swizzled
-// tile; keys after `last_key` were never written (they could hold NaN) and are zero-filled.
-template <int HD, int kThreads>
+// Copies key rows [0, 64) of one page's K (which = 0) or V (1) for `kv_head` into a tile;
+// keys after `last_key` were never written (they could hold NaN) and are zero-filled.
+template <int HD, int kThreads, class Layout>
 __device__ __forceinline__ void load_kv_tile(const PrefillParams& p, int32_t page, int which, int kv_head,
                                              int last_key, uint32_t dst) {
   // A pass of the block covers kKeysPerPass whole rows; a thread keeps its chunk in every pass.
@@ -75,13 +86,13 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams& p, int32_t pag
 #pragma unroll
   for (int i = 0; i < kKeyTile / kKeysPerPass; ++i) {
     const int key = first_key + i * kKeysPerPass;
-    cp_async_16(dst + swizzled_offset<HD>(key, chunk), src + i * kKeysPerPass * key_stride, key <= last_key);
+    cp_async_16(dst + Layout::offset(key, chunk), src + i * kKeysPerPass * key_stride, key <= last_key);
   }
 }
 
-// The block's Q rows (kHeads heads x 64 rows, f32 in global memory) as a swizzled bf16 tile;
-// rows past the item's end are zero.
-template <int HD, int kHeads, int kThreads>
+// The block's Q rows (kHeads heads x 64 rows, f32 in global memory) as a bf16 tile; rows past
+// the item's end are zero.
+template <int HD, int kHeads, int kThreads, class Layout>
 __device__ __forceinline__ void load_q_tile(const PrefillParams& p, const PrefillItem& item, int first_head,
                                             unsigned char* dst) {
   constexpr int kChunks = HD / 8;
@@ -99,7 +110,7 @@ __device__ __forceinline__ void load_q_tile(const PrefillParams& p, const Prefil
       packed = make_uint4(pack_bf16x2(lo.x, lo.y), pack_bf16x2(lo.z, lo.w), pack_bf16x2(hi.x, hi.y),
                           pack_bf16x2(hi.z, hi.w));
     }
-    *reinterpret_cast<uint4*>(dst + swizzled_offset<HD>(q_row, chunk)) = packed;
+    *reinterpret_cast<uint4*>(dst + Layout::offset(q_row, chunk)) = packed;
   }
 }
 
@@ -151,6 +162,99 @@ __device__ __forceinline__ void warp_accumulate_pv(float (&o)[HD / 8][4], const 
   }
 }
 
+// Hides the keys after each row in a diagonal tile: s holds a warp's 16 rows (positions
+// first_row_pos + r) against keys tile_pos .. tile_pos + 63, as C fragments.
+__device__ __forceinline__ void mask_future_keys(float (&s)[kKeyTile / 8][4], int tile_pos, int first_row_pos,
+                                                 int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int n = 0; n < kKeyTile / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key_pos = tile_pos + n * 8 + 2 * t + (e & 1);
+      if (key_pos > first_row_pos + g + 8 * (e >> 1)) s[n][e] = -INFINITY;
+    }
+}
+
+// Online-softmax state of the two rows a lane holds (g and g + 8 of its warp's 16): the
+// running max in log2 units (scale applied) and the lane's share of the running sum (its 2 of
+// every 8 columns; the quad's shares are added up by inverse_sum).
+struct OnlineSoftmax {
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+
+  // Takes a tile of scores: rescales o when a row's max grew and turns s into the tile's
+  // probabilities, returned as bf16 A fragments of 16 keys each.
+  template <int HD>
+  __device__ __forceinline__ void consume(float (&s)[kKeyTile / 8][4], float (&o)[HD / 8][4],
+                                          uint32_t (&p)[kKeyTile / 16][4], float scale_log2) {
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kKeyTile / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[h], tile_max * scale_log2);
+      // Every row sees key 0 on its first tile, so new_max is finite from then on; the guard
+      // keeps a row with no visible key yet from producing NaN.
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      alpha[h] = exp2_approx(row_max[h] - base);
+      row_max[h] = new_max;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kKeyTile / 8; ++n) {
+        s[n][2 * h] = exp2_approx(fmaf(s[n][2 * h], scale_log2, -base));
+        s[n][2 * h + 1] = exp2_approx(fmaf(s[n][2 * h + 1], scale_log2, -base));
+        sum += s[n][2 * h] + s[n][2 * h + 1];
+      }
+      row_sum[h] = row_sum[h] * alpha[h] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int kb = 0; kb < kKeyTile / 16; ++kb) {
+      p[kb][0] = pack_bf16x2(s[2 * kb][0], s[2 * kb][1]);
+      p[kb][1] = pack_bf16x2(s[2 * kb][2], s[2 * kb][3]);
+      p[kb][2] = pack_bf16x2(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+      p[kb][3] = pack_bf16x2(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+    }
+  }
+
+  __device__ __forceinline__ float inverse_sum(int h) const {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    return 1.0f / sum;
+  }
+};
+
+// Writes a warp's 16 rows of O / row sum (rows first_row .. of the item that exist).
+template <int HD>
+__device__ __forceinline__ void store_warp_rows(const PrefillParams& p, const PrefillItem& item, int head,
+                                               int first_row, const float (&o)[HD / 8][4],
+                                               const OnlineSoftmax& softmax, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = softmax.inverse_sum(h);
+    const int r = first_row + g + 8 * h;
+    if (r >= item.num_rows) continue;
+    float* dst = p.out + (static_cast<int64_t>(item.row + r) * p.num_heads + head) * HD + 2 * t;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+  }
+}
+
 // grid: (num_heads / kHeads, items); items come longest first, so with heads varying fastest
 // the longest rows of every head start first.
 template <int HD, int kHeads, int kStages>
@@ -195,23 +299,20 @@ __global__ void __launch_bounds__(PrefillConfig<HD, kHeads, kStages>::kThreads,
 
   auto load_kv = [&](int tile, int which, int stage) {
     const int32_t page = p.pages[item.pages_offset + tile];
-    load_kv_tile<HD, Cfg::kThreads>(p, page, which, kv_head, last_pos - tile * kKeyTile,
+    load_kv_tile<HD, Cfg::kThreads, RowSwizzle<HD>>(p, page, which, kv_head, last_pos - tile * kKeyTile,
                                     kv_tiles + (2 * stage + which) * Cfg::kTileBytes);
   };
   load_kv(0, 0, 0);
   if constexpr (kStages == 2) load_kv(0, 1, 0);
   cp_async_commit();
-  load_q_tile<HD, kHeads, Cfg::kThreads>(p, item, first_head, smem);
+  load_q_tile<HD, kHeads, Cfg::kThreads, RowSwizzle<HD>>(p, item, first_head, smem);
 
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = p.scale * kLog2e;
-  const int g = lane >> 2, t = lane & 3;
   float o[HD / 8][4];
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  // Rows g and g + 8 of the warp: running max (in log2 units, scale applied) and this lane's
-  // share of the running sum (its 2 of every 8 columns; the quad's shares add up at the end).
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  OnlineSoftmax softmax;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = kStages == 2 ? (tile & 1) : 0;
@@ -240,73 +341,14 @@ __global__ void __launch_bounds__(PrefillConfig<HD, kHeads, kStages>::kThreads,
     }
     if (!active) continue;
 
-    if (tile_pos + kKeyTile - 1 > warp_first_pos) {  // a diagonal tile: hide keys after each row
-#pragma unroll
-      for (int n = 0; n < kKeyTile / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key_pos = tile_pos + n * 8 + 2 * t + (e & 1);
-          if (key_pos > warp_first_pos + g + 8 * (e >> 1)) s[n][e] = -INFINITY;
-        }
-    }
-    float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kKeyTile / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[h], tile_max * scale_log2);
-      // Every row sees key 0 on its first tile, so new_max is finite; the guard keeps a row
-      // with no visible key at all (impossible today) from producing NaN.
-      const float base = new_max == -INFINITY ? 0.0f : new_max;
-      alpha[h] = exp2_approx(row_max[h] - base);
-      row_max[h] = new_max;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeyTile / 8; ++n) {
-        s[n][2 * h] = exp2_approx(fmaf(s[n][2 * h], scale_log2, -base));
-        s[n][2 * h + 1] = exp2_approx(fmaf(s[n][2 * h + 1], scale_log2, -base));
-        sum += s[n][2 * h] + s[n][2 * h + 1];
-      }
-      row_sum[h] = row_sum[h] * alpha[h] + sum;
-    }
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // a row's max grew
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
-      }
-    }
+    if (tile_pos + kKeyTile - 1 > warp_first_pos) mask_future_keys(s, tile_pos, warp_first_pos, lane);
     uint32_t p_frag[kKeyTile / 16][4];
-#pragma unroll
-    for (int kb = 0; kb < kKeyTile / 16; ++kb) {
-      p_frag[kb][0] = pack_bf16x2(s[2 * kb][0], s[2 * kb][1]);
-      p_frag[kb][1] = pack_bf16x2(s[2 * kb][2], s[2 * kb][3]);
-      p_frag[kb][2] = pack_bf16x2(s[2 * kb + 1][0], s[2 * kb + 1][1]);
-      p_frag[kb][3] = pack_bf16x2(s[2 * kb + 1][2], s[2 * kb + 1][3]);
-    }
+    softmax.consume<HD>(s, o, p_frag, scale_log2);
     warp_accumulate_pv<HD>(o, p_frag, v_addr, stage_offset);
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits
 
-  if (!warp_has_rows) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = row_sum[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = 1.0f / sum;
-    const int r = warp_row0 + g + 8 * h;
-    if (r >= item.num_rows) continue;
-    float* dst = p.out + (static_cast<int64_t>(item.row + r) * p.num_heads + head) * HD + 2 * t;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n)
-      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-  }
+  if (warp_has_rows) store_warp_rows<HD>(p, item, head, warp_row0, o, softmax, lane);
 }
 
 }  // namespace ninfer::cuda::kernels

@@ -73,10 +73,12 @@ struct AttentionArgs {
 // second kernel.
 void launch_decode_attention(const AttentionArgs& args, const DecodeItem* items, int num_items, int splits,
                              int chunk, float* partials, cudaStream_t stream);
-// Block shape of the prefill kernel; 0 picks the default. heads_per_block (1 or 2, dividing
-// num_heads / num_kv_heads): query heads of one KV head that share each loaded K/V page.
-// kv_stages (1 or 2): K/V pages single- or double-buffered in shared memory.
+// Which prefill kernel, and its block shape; 0 picks the default. engine: 1 = mma.sync
+// (per-warp tensor-core MMA), 2 = wgmma (warpgroup MMA, one head per block, single-buffered).
+// heads_per_block (1 or 2, dividing num_heads / num_kv_heads): query heads of one KV head that
+// share each loaded K/V page. kv_stages (1 or 2): K/V pages single- or double-buffered.
 struct PrefillKernelConfig {
+  int engine = 0;
   int heads_per_block = 0;
   int kv_stages = 0;
 };

@@ -5,6 +5,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_decode_attention.cuh"
 #include "backends/cuda/kernels_prefill_attention.cuh"
+#include "backends/cuda/kernels_prefill_attention_wgmma.cuh"
 #include "backends/cuda/launchers.h"
 
 namespace ninfer::cuda {
@@ -44,7 +45,23 @@ void prefill_for(const kernels::PrefillParams& p, int num_items, cudaStream_t st
 }
 
 template <int HD>
+void prefill_wgmma_for(const kernels::PrefillParams& p, int num_items, cudaStream_t stream) {
+  using Config = kernels::WgmmaPrefillConfig<HD>;
+  static const bool configured = [] {
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_wgmma<HD>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(Config::kSmemBytes)));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned int>(p.num_heads), static_cast<unsigned int>(num_items));
+  kernels::prefill_attention_wgmma<HD><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+template <int HD>
 void prefill_for(const kernels::PrefillParams& p, int num_items, PrefillKernelConfig config, cudaStream_t stream) {
+  if (config.engine == 2) return prefill_wgmma_for<HD>(p, num_items, stream);
   const int key = config.heads_per_block * 10 + config.kv_stages;
   switch (key) {
     case 11: prefill_for<HD, 1, 1>(p, num_items, stream); break;
@@ -90,13 +107,17 @@ void launch_prefill_attention(const AttentionArgs& a, const PrefillItem* items, 
   const int group = a.num_heads / a.kv.num_kv_heads;
   // Measured on an H200 (bench/bench_cuda_attention.py): one head per block and single-
   // buffered K/V (two 4-warp blocks per SM) is the fastest at head_dim 256.
+  if (config.engine == 0) config.engine = 1;
   if (config.heads_per_block == 0) config.heads_per_block = 1;
   if (config.kv_stages == 0) config.kv_stages = 1;
-  if ((config.heads_per_block != 1 && config.heads_per_block != 2) || group % config.heads_per_block != 0 ||
-      (config.kv_stages != 1 && config.kv_stages != 2))
-    throw std::invalid_argument("prefill attention: " + std::to_string(config.heads_per_block) +
-                                " heads per block and " + std::to_string(config.kv_stages) +
-                                " K/V stages do not fit " + std::to_string(group) + " query heads per KV head");
+  const bool wgmma_shape = config.heads_per_block == 1 && config.kv_stages == 1;
+  if ((config.engine != 1 && config.engine != 2) || (config.heads_per_block != 1 && config.heads_per_block != 2) ||
+      group % config.heads_per_block != 0 || (config.kv_stages != 1 && config.kv_stages != 2) ||
+      (config.engine == 2 && !wgmma_shape))
+    throw std::invalid_argument("prefill attention: engine " + std::to_string(config.engine) + " with " +
+                                std::to_string(config.heads_per_block) + " heads per block and " +
+                                std::to_string(config.kv_stages) + " K/V stages does not fit " +
+                                std::to_string(group) + " query heads per KV head");
   kernels::PrefillParams p{a.kv, a.pages, items, a.q, a.out, a.num_heads, group, a.scale};
   switch (a.head_dim) {
     case 64: prefill_for<64>(p, num_items, config, stream); break;
