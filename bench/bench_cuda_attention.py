@@ -22,13 +22,18 @@ from collections.abc import Callable
 from ninfer import _core
 
 QWEN36_27B = (24, 4, 256)  # query heads, KV heads, head_dim
+# (engine, query heads per block, K/V stages); 0 = the default. Engine 1: mma.sync, 2: wgmma.
 KERNELS = [
-    (0, 0),
-    (1, 1),
-    (1, 2),
-    (2, 1),
-    (2, 2),
-]  # (heads per block, K/V stages); (0, 0) = default
+    (0, 0, 0),
+    (1, 1, 1),
+    (1, 1, 2),
+    (1, 2, 1),
+    (1, 2, 2),
+    (2, 1, 1),
+    (2, 1, 2),
+    (2, 2, 1),
+    (2, 2, 2),
+]
 
 
 def causal_flops(start: int, tokens: int, heads: int, head_dim: int) -> float:

@@ -25,7 +25,17 @@ pytestmark = [
 # chunk after a partial page, and a long chunk after several pages; none aligned to 64.
 SPANS = [(0, 200), (100, 77), (37, 9), (513, 130)]
 # (engine, heads per block, K/V stages); 0 = default. Engine 1: mma.sync, 2: wgmma.
-KERNELS = [(0, 0, 0), (1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 1)]
+KERNELS = [
+    (0, 0, 0),
+    (1, 1, 1),
+    (1, 1, 2),
+    (1, 2, 1),
+    (1, 2, 2),
+    (2, 1, 1),
+    (2, 1, 2),
+    (2, 2, 1),
+    (2, 2, 2),
+]
 
 
 @pytest.fixture(scope="module")

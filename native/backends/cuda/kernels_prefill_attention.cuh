@@ -63,12 +63,14 @@ struct RowSwizzle {
     return static_cast<uint32_t>(row * HD * 2 + ((chunk ^ (row & 7)) << 4));
   }
 };
-// wgmma's 128-byte swizzle: 64-element column groups of kRows rows x 128 bytes each, chunks
-// XOR-ed with row % 8 (the tile must be 1024-byte aligned).
-template <int kRows>
+// wgmma's 128-byte swizzle, in tiles of 64 rows (rows 64.. start the next tile): 64-element
+// column groups of 64 rows x 128 bytes, chunks XOR-ed with row % 8 (1024-byte aligned).
+template <int HD>
 struct WgmmaSwizzle {
+  static constexpr uint32_t kGroupBytes = 64 * 128, kTileBytes = 64 * HD * 2;
   static __device__ __forceinline__ uint32_t offset(int row, int chunk) {
-    return static_cast<uint32_t>((chunk >> 3) * kRows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+    return static_cast<uint32_t>((row >> 6) * kTileBytes + (chunk >> 3) * kGroupBytes + (row & 63) * 128 +
+                                 (((chunk & 7) ^ (row & 7)) << 4));
   }
 };
 

@@ -1,15 +1,16 @@
 // Causal prefill attention with warpgroup MMA (sm_90a wgmma): the kernel of
-// kernels_prefill_attention.cuh with both products issued by the whole warpgroup, so each K/V
+// kernels_prefill_attention.cuh with both products issued by a whole warpgroup, so each K/V
 // element is read from shared memory once per 64 query rows instead of once per warp's 16.
 //
-// A block is one warpgroup (4 warps) on one plan item (64 query rows) of one query head:
+// A block takes one plan item (64 query rows) for kHeads query heads of one KV head, one
+// warpgroup (4 warps) per head, all sharing each loaded K/V page:
 //   S = Q·K^T   16 x wgmma m64n64k16, Q and K from shared memory (K-major);
 //   softmax     on the accumulator fragments, as the mma.sync kernel (OnlineSoftmax);
 //   O += P·V    4 x wgmma m64n{HD}k16, P from registers, V from shared memory (N-major).
-// Tiles use wgmma's 128-byte swizzled layout (WgmmaSwizzle). K/V pages are single-buffered
-// in FlashAttention-2 order: V of this page loads during Q·K^T, K of the next page during
-// softmax and P·V. The products are collective, so a warp whose rows see none of a diagonal
-// tile's keys still takes part (its probabilities are all zero).
+// Tiles use wgmma's 128-byte swizzled layout (WgmmaSwizzle). K/V pages are single-buffered in
+// FlashAttention-2 order (kStages = 1) or double-buffered (kStages = 2), as in the mma.sync
+// kernel. The products are collective, so a warp whose rows see none of a diagonal tile's
+// keys still takes part (its probabilities are all zero).
 #pragma once
 
 #include "backends/cuda/kernels_prefill_attention.cuh"
@@ -17,23 +18,24 @@
 
 namespace ninfer::cuda::kernels {
 
-template <int HD>
+template <int HD, int kHeads, int kStages>
 struct WgmmaPrefillConfig {
-  static constexpr int kThreads = 128;
-  static constexpr uint32_t kTileBytes = kPrefillBlockRows * HD * 2;  // Q, K and V tiles alike
-  static constexpr uint32_t kSmemBytes = 3 * kTileBytes + 1024;       // + room to align to 1024
-  static constexpr int kMinBlocks = HD == 256 ? 2 : 3;
-  static_assert(kPrefillBlockRows == kKeyTile, "Q, K and V tiles share one layout");
+  static_assert(kPrefillBlockRows == 64 && kKeyTile == 64, "Q, K and V tiles share one layout");
+  static constexpr int kThreads = 128 * kHeads;
+  static constexpr uint32_t kTileBytes = WgmmaSwizzle<HD>::kTileBytes;  // Q (per head), K and V alike
+  static constexpr uint32_t kSmemBytes = (kHeads + 2 * kStages) * kTileBytes + 1024;  // + room to align
+  // Resident warps an SM should hold (the register cap follows), as PrefillConfig.
+  static constexpr int kTargetWarps = HD == 256 ? 8 : 12;
+  static constexpr int kMinBlocks = kTargetWarps / (4 * kHeads) > 1 ? kTargetWarps / (4 * kHeads) : 1;
 };
 
 // O += P · V for the warpgroup's 64 rows; p: this lane's P fragments of 16 keys each.
 template <int HD>
 __device__ __forceinline__ void warpgroup_accumulate_pv(float (&o)[HD / 8][4], const uint32_t (&p)[kKeyTile / 16][4],
                                                         uint32_t v_tile) {
-  constexpr uint32_t kGroupBytes = kKeyTile * 128;  // one 64-column group of the V tile
 #pragma unroll
   for (int kb = 0; kb < kKeyTile / 16; ++kb) {
-    const uint64_t b = wgmma_descriptor(v_tile + kb * 16 * 128, kGroupBytes, 1024);
+    const uint64_t b = wgmma_descriptor(v_tile + kb * 16 * 128, WgmmaSwizzle<HD>::kGroupBytes, 1024);
     if constexpr (HD == 256)
       wgmma_m64n256k16_rs(o, p[kb], b);
     else if constexpr (HD == 128)
@@ -43,34 +45,39 @@ __device__ __forceinline__ void warpgroup_accumulate_pv(float (&o)[HD / 8][4], c
   }
 }
 
-// grid: (num_heads, items), items longest first.
-template <int HD>
-__global__ void __launch_bounds__(WgmmaPrefillConfig<HD>::kThreads, WgmmaPrefillConfig<HD>::kMinBlocks)
+// grid: (num_heads / kHeads, items), items longest first.
+template <int HD, int kHeads, int kStages>
+__global__ void __launch_bounds__(WgmmaPrefillConfig<HD, kHeads, kStages>::kThreads,
+                                  WgmmaPrefillConfig<HD, kHeads, kStages>::kMinBlocks)
     prefill_attention_wgmma(const PrefillParams p) {
-  using Cfg = WgmmaPrefillConfig<HD>;
-  using Layout = WgmmaSwizzle<kPrefillBlockRows>;
+  using Cfg = WgmmaPrefillConfig<HD, kHeads, kStages>;
+  using Layout = WgmmaSwizzle<HD>;
   extern __shared__ __align__(128) unsigned char smem[];  // aligned to 1024 below
   const uint32_t smem_base = shared_address(smem);
   const uint32_t aligned = (smem_base + 1023) & ~1023u;
-  const uint32_t q_tile = aligned, k_tile = aligned + Cfg::kTileBytes, v_tile = aligned + 2 * Cfg::kTileBytes;
+  const uint32_t kv_tiles = aligned + kHeads * Cfg::kTileBytes;  // stage s: K at 2s tiles, V at 2s + 1
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp_row0 = warp * 16;
+  const int head_slot = warp / 4;  // this warp's warpgroup
+  const int warp_row0 = (warp % 4) * 16;
+  const uint32_t q_tile = aligned + head_slot * Cfg::kTileBytes;
 
   const PrefillItem item = p.items[blockIdx.y];
-  const int head = static_cast<int>(blockIdx.x);
-  const int kv_head = head / p.group;
+  const int first_head = static_cast<int>(blockIdx.x) * kHeads;
+  const int head = first_head + head_slot;
+  const int kv_head = first_head / p.group;
   const int last_pos = item.first_pos + item.num_rows - 1;
   const int num_tiles = last_pos / kKeyTile + 1;
   const int warp_first_pos = item.first_pos + warp_row0;
 
-  auto load_kv = [&](int tile, int which) {
+  auto load_kv = [&](int tile, int which, int stage) {
     const int32_t page = p.pages[item.pages_offset + tile];
     load_kv_tile<HD, Cfg::kThreads, Layout>(p, page, which, kv_head, last_pos - tile * kKeyTile,
-                                            which == 0 ? k_tile : v_tile);
+                                            kv_tiles + (2 * stage + which) * Cfg::kTileBytes);
   };
-  load_kv(0, 0);
+  load_kv(0, 0, 0);
+  if constexpr (kStages == 2) load_kv(0, 1, 0);
   cp_async_commit();
-  load_q_tile<HD, 1, Cfg::kThreads, Layout>(p, item, head, smem + (aligned - smem_base));
+  load_q_tile<HD, kHeads, Cfg::kThreads, Layout>(p, item, first_head, smem + (aligned - smem_base));
 
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = p.scale * kLog2e;
@@ -78,20 +85,28 @@ __global__ void __launch_bounds__(WgmmaPrefillConfig<HD>::kThreads, WgmmaPrefill
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   OnlineSoftmax softmax;
-  constexpr uint32_t kGroupBytes = kPrefillBlockRows * 128;  // one 64-column group of a tile
 
   for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = kStages == 2 ? (tile & 1) : 0;
+    const uint32_t k_tile = kv_tiles + 2 * stage * Cfg::kTileBytes, v_tile = k_tile + Cfg::kTileBytes;
     cp_async_wait<0>();
     fence_proxy_async();  // the copies (and Q's stores) are read by wgmma, another proxy
-    __syncthreads();      // K landed everywhere; the previous P·V is done with V
-    load_kv(tile, 1);
+    __syncthreads();      // this tile's K (and V) landed; every warp is done with the buffers reloaded next
+    if constexpr (kStages == 2) {
+      if (tile + 1 < num_tiles) {
+        load_kv(tile + 1, 0, stage ^ 1);
+        load_kv(tile + 1, 1, stage ^ 1);
+      }
+    } else {
+      load_kv(tile, 1, 0);
+    }
     cp_async_commit();
 
     float s[kKeyTile / 8][4] = {};  // the first product overwrites it
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint32_t step = (kk >> 2) * kGroupBytes + (kk & 3) * 32;
+      const uint32_t step = (kk >> 2) * Layout::kGroupBytes + (kk & 3) * 32;
       wgmma_m64n64k16_ss(s, wgmma_descriptor(q_tile + step, 16, 1024), wgmma_descriptor(k_tile + step, 16, 1024),
                          kk > 0);
     }
@@ -99,11 +114,13 @@ __global__ void __launch_bounds__(WgmmaPrefillConfig<HD>::kThreads, WgmmaPrefill
     wgmma_wait<0>();
     wgmma_fence_registers(s);
 
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // V landed everywhere; every warp's Q·K^T is done with K
-    if (tile + 1 < num_tiles) load_kv(tile + 1, 0);
-    cp_async_commit();
+    if constexpr (kStages == 1) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();  // V landed everywhere; every warpgroup's Q·K^T is done with K
+      if (tile + 1 < num_tiles) load_kv(tile + 1, 0, 0);
+      cp_async_commit();
+    }
 
     const int tile_pos = tile * kKeyTile;
     if (tile_pos + kKeyTile - 1 > warp_first_pos) mask_future_keys(s, tile_pos, warp_first_pos, lane);

@@ -74,7 +74,7 @@ struct AttentionArgs {
 void launch_decode_attention(const AttentionArgs& args, const DecodeItem* items, int num_items, int splits,
                              int chunk, float* partials, cudaStream_t stream);
 // Which prefill kernel, and its block shape; 0 picks the default. engine: 1 = mma.sync
-// (per-warp tensor-core MMA), 2 = wgmma (warpgroup MMA, one head per block, single-buffered).
+// (per-warp tensor-core MMA), 2 = wgmma (warpgroup MMA).
 // heads_per_block (1 or 2, dividing num_heads / num_kv_heads): query heads of one KV head that
 // share each loaded K/V page. kv_stages (1 or 2): K/V pages single- or double-buffered.
 struct PrefillKernelConfig {

@@ -44,30 +44,33 @@ void prefill_for(const kernels::PrefillParams& p, int num_items, cudaStream_t st
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
-template <int HD>
+template <int HD, int kHeads, int kStages>
 void prefill_wgmma_for(const kernels::PrefillParams& p, int num_items, cudaStream_t stream) {
-  using Config = kernels::WgmmaPrefillConfig<HD>;
+  using Config = kernels::WgmmaPrefillConfig<HD, kHeads, kStages>;
   static const bool configured = [] {
-    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_wgmma<HD>,
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_wgmma<HD, kHeads, kStages>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(Config::kSmemBytes)));
     return true;
   }();
   (void)configured;
-  const dim3 grid(static_cast<unsigned int>(p.num_heads), static_cast<unsigned int>(num_items));
-  kernels::prefill_attention_wgmma<HD><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned int>(p.num_heads / kHeads), static_cast<unsigned int>(num_items));
+  kernels::prefill_attention_wgmma<HD, kHeads, kStages><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 template <int HD>
 void prefill_for(const kernels::PrefillParams& p, int num_items, PrefillKernelConfig config, cudaStream_t stream) {
-  if (config.engine == 2) return prefill_wgmma_for<HD>(p, num_items, stream);
-  const int key = config.heads_per_block * 10 + config.kv_stages;
+  const int key = config.engine * 100 + config.heads_per_block * 10 + config.kv_stages;
   switch (key) {
-    case 11: prefill_for<HD, 1, 1>(p, num_items, stream); break;
-    case 12: prefill_for<HD, 1, 2>(p, num_items, stream); break;
-    case 21: prefill_for<HD, 2, 1>(p, num_items, stream); break;
-    case 22: prefill_for<HD, 2, 2>(p, num_items, stream); break;
+    case 211: prefill_wgmma_for<HD, 1, 1>(p, num_items, stream); break;
+    case 212: prefill_wgmma_for<HD, 1, 2>(p, num_items, stream); break;
+    case 221: prefill_wgmma_for<HD, 2, 1>(p, num_items, stream); break;
+    case 222: prefill_wgmma_for<HD, 2, 2>(p, num_items, stream); break;
+    case 111: prefill_for<HD, 1, 1>(p, num_items, stream); break;
+    case 112: prefill_for<HD, 1, 2>(p, num_items, stream); break;
+    case 121: prefill_for<HD, 2, 1>(p, num_items, stream); break;
+    case 122: prefill_for<HD, 2, 2>(p, num_items, stream); break;
     default: throw std::invalid_argument("prefill attention: unsupported kernel configuration");
   }
 }
@@ -110,10 +113,8 @@ void launch_prefill_attention(const AttentionArgs& a, const PrefillItem* items, 
   if (config.engine == 0) config.engine = 1;
   if (config.heads_per_block == 0) config.heads_per_block = 1;
   if (config.kv_stages == 0) config.kv_stages = 1;
-  const bool wgmma_shape = config.heads_per_block == 1 && config.kv_stages == 1;
   if ((config.engine != 1 && config.engine != 2) || (config.heads_per_block != 1 && config.heads_per_block != 2) ||
-      group % config.heads_per_block != 0 || (config.kv_stages != 1 && config.kv_stages != 2) ||
-      (config.engine == 2 && !wgmma_shape))
+      group % config.heads_per_block != 0 || (config.kv_stages != 1 && config.kv_stages != 2))
     throw std::invalid_argument("prefill attention: engine " + std::to_string(config.engine) + " with " +
                                 std::to_string(config.heads_per_block) + " heads per block and " +
                                 std::to_string(config.kv_stages) + " K/V stages does not fit " +
