@@ -73,16 +73,13 @@ struct AttentionArgs {
 // second kernel.
 void launch_decode_attention(const AttentionArgs& args, const DecodeItem* items, int num_items, int splits,
                              int chunk, float* partials, cudaStream_t stream);
-// Which prefill kernel, and its block shape; 0 picks the default. engine: 1 = mma.sync
-// (per-warp tensor-core MMA), 2 = wgmma (warpgroup MMA).
-// heads_per_block (1 or 2, dividing num_heads / num_kv_heads): query heads of one KV head that
-// share each loaded K/V page. kv_stages (1 or 2): K/V pages single- or double-buffered.
+// Shape of the prefill kernel; 0 picks the measured default for the head dim. kv_stages (1 or
+// 2): K/V pages single- or double-buffered in shared memory.
 struct PrefillKernelConfig {
-  int engine = 0;
-  int heads_per_block = 0;
   int kv_stages = 0;
 };
-// Causal attention of blocks of query rows over their slice's pages with tensor cores.
+// Causal attention of blocks of query rows over their slice's pages with warpgroup tensor-core
+// MMA (needs sm_90a).
 void launch_prefill_attention(const AttentionArgs& args, const PrefillItem* items, int num_items,
                               cudaStream_t stream, PrefillKernelConfig config = {});
 
