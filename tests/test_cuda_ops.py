@@ -185,7 +185,7 @@ def attention_case(seed, hd, nh, nkv, spans, pool_pages=64):
     return np.concatenate(q_rows), keys, values, slices
 
 
-@pytest.mark.parametrize("hd,nh,nkv", [(64, 4, 4), (128, 8, 2), (256, 24, 4), (128, 12, 1)])
+@pytest.mark.parametrize("hd,nh,nkv", [(64, 4, 4), (128, 8, 2), (256, 24, 4), (128, 12, 1), (64, 6, 3)])
 @pytest.mark.parametrize(
     "path,splits", [("decode", 1), ("decode", 3), ("decode", 0), ("prefill", 0), ("auto", 0)])
 def test_paged_attention(ops, hd, nh, nkv, path, splits):

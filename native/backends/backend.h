@@ -112,8 +112,9 @@ struct GdnSlice {
   float* ssm_history = nullptr;   // [num_tokens, Hv, dk, dv]
 };
 
-// Auto: the chunked form for slices of more than one token, the recurrent form otherwise.
-// Both give the same result up to rounding; the others force one form (tests).
+// Auto: the chunked form for long slices (CPU: more than one token; CUDA: at least
+// kGdnChunkedMinTokens), the recurrent form otherwise. Both give the same result up to rounding
+// (CUDA's chunked form: tf32 tensor-core products); the others force one form (tests).
 enum class GdnForm { Auto, Chunked, Recurrent };
 
 // The routed experts of a sparse MoE layer (spec §2.6), stacked. Expert e's gate projection is

@@ -150,9 +150,14 @@ class CudaHybridOps {
     (void)max_tokens;
     cuda::DeltaRuleArgs args{qd.get(), kd.get(), q.shape(1) * q.shape(2), vd.get(), v.shape(1) * v.shape(2),
                              gd.get(), bd.get(), od.get(), v.shape(1) * v.shape(2)};
-    if (chunked)
-      cuda::launch_gated_delta_rule_chunked(shape, args, sq->seqs(), static_cast<int>(seqs.size()), stream_);
-    else
+    if (chunked) {
+      int64_t chunks = 0;
+      for (const auto& [begin, count, slot] : seqs) chunks += cuda::gdn_chunk_count(count);
+      Scratch workspace(cuda::gdn_chunked_workspace_floats(shape, chunks) * sizeof(float));
+      cuda::launch_gated_delta_rule_chunked(shape, args, sq->seqs(), static_cast<int>(seqs.size()),
+                                            static_cast<int>(chunks), workspace.f(), stream_);
+      NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the workspace dies here
+    } else
       cuda::launch_gated_delta_rule_recurrent(shape, args, sq->seqs(), static_cast<int>(seqs.size()), stream_);
     od.download();
     sd.download();
@@ -211,7 +216,9 @@ class CudaHybridOps {
 
   // Median device time (ms) of each stage of one GDN layer core for `lanes` sequences of
   // `tokens` tokens each, on seeded random data (states in [slots, Hv, dk, dv] fp32): conv,
-  // q/k L2 norm, gates, delta rule, gated norm; "total" is the five back to back.
+  // q/k L2 norm, gates, delta rule (recurrent; chunked, and its prepare and scan kernels alone,
+  // where supported), gated norm; "total" is the five back to back, the delta rule in the form
+  // GdnForm::Auto picks.
   std::map<std::string, double> time_gdn_core(int lanes, int tokens, int key_heads, int value_heads, int key_dim,
                                               int value_dim, int reps) {
     const GdnDims shape{key_heads, value_heads, key_dim, value_dim};
@@ -264,11 +271,18 @@ class CudaHybridOps {
                                out.f(), vw};
       cuda::launch_gated_delta_rule_recurrent(shape, args, sq, lanes, stream_);
     };
+    const bool chunkable = cuda::gdn_chunked_supported(shape);
+    const int chunks = static_cast<int>(lanes * cuda::gdn_chunk_count(tokens));
+    Scratch workspace(chunkable ? cuda::gdn_chunked_workspace_floats(shape, chunks) * sizeof(float) : 0);
+    const cuda::DeltaRuleArgs rule_args{conv_out.f(), conv_out.f() + kw, channels, conv_out.f() + 2 * kw, channels,
+                                        g, beta, out.f(), vw};
     auto rule_chunked = [&] {
-      cuda::DeltaRuleArgs args{conv_out.f(), conv_out.f() + kw, channels, conv_out.f() + 2 * kw, channels, g, beta,
-                               out.f(), vw};
-      cuda::launch_gated_delta_rule_chunked(shape, args, sq, lanes, stream_);
+      cuda::launch_gated_delta_rule_chunked(shape, rule_args, sq, lanes, chunks, workspace.f(), stream_);
     };
+    auto chunk_prepare = [&] {
+      cuda::launch_gdn_chunk_prepare(shape, rule_args, sq, lanes, chunks, workspace.f(), stream_);
+    };
+    auto chunk_scan = [&] { cuda::launch_gdn_chunk_scan(shape, rule_args, sq, lanes, workspace.f(), stream_); };
     auto gnorm = [&] {
       cuda::launch_gated_rmsnorm(out.f(), z.f(), rows * value_heads, value_dim, norm_w, 1e-6f, out.f(), stream_);
     };
@@ -276,8 +290,8 @@ class CudaHybridOps {
       conv();
       norm();
       gate();
-      if (tokens > 1 && cuda::gdn_chunked_supported(shape))
-        rule_chunked();  // as the model runs prefill
+      if (tokens >= cuda::kGdnChunkedMinTokens && chunkable)
+        rule_chunked();  // as the model runs prefill (GdnForm::Auto)
       else
         rule();
       gnorm();
@@ -287,7 +301,11 @@ class CudaHybridOps {
     result["l2norm"] = median_ms(norm, reps);
     result["gates"] = median_ms(gate, reps);
     result["delta_rule"] = median_ms(rule, reps);
-    if (cuda::gdn_chunked_supported(shape)) result["delta_rule_chunked"] = median_ms(rule_chunked, reps);
+    if (chunkable) {
+      result["delta_rule_chunked"] = median_ms(rule_chunked, reps);
+      result["chunk_prepare"] = median_ms(chunk_prepare, reps);
+      result["chunk_scan"] = median_ms(chunk_scan, reps);
+    }
     result["gated_norm"] = median_ms(gnorm, reps);
     result["total"] = median_ms(all, reps);
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));

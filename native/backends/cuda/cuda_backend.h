@@ -196,7 +196,7 @@ class CudaBackend final : public Backend {
   DeviceScratch x_bf16_, partials_;
   MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;
   // hybrid-model scratch and metadata
-  DeviceScratch gdn_conv_out_, gdn_gates_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_;
+  DeviceScratch gdn_conv_out_, gdn_gates_, gdn_chunk_workspace_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_;
   MetadataSlot gdn_seqs_, moe_plan_;
 
   MatmulPath matmul_path_ = MatmulPath::Auto;

@@ -16,10 +16,43 @@ namespace ninfer::cuda {
 namespace {
 
 constexpr int64_t kMoeUngroupedPairs = 128;  // (token, slot) pairs up to which experts run ungrouped
+constexpr int64_t kChunkedRoundRows = 16384;  // rows of chunked slices per launch (bounds the workspace)
 
 template <typename T>
 T* scratch_of(DeviceScratch& s, int64_t elements, cudaStream_t stream) {
   return static_cast<T*>(s.get(static_cast<size_t>(std::max<int64_t>(elements, 1)) * sizeof(T), stream));
+}
+
+// One launch of the chunked delta rule: `count` sequences from seqs[first], `chunks` chunks.
+struct ChunkedRound {
+  int first = 0, count = 0, chunks = 0;
+};
+
+// The first n_chunked of `seqs` run chunked in rounds of at most kChunkedRoundRows rows: each
+// round takes the next segment (a multiple of the chunk size) of every slice not yet done; the
+// state carries over from round to round. This bounds the workspace. The rounds' sequences are
+// appended to `seqs`.
+std::vector<ChunkedRound> append_chunked_rounds(std::vector<GdnSeq>& seqs, int n_chunked) {
+  std::vector<ChunkedRound> rounds;
+  if (n_chunked <= 0) return rounds;
+  int32_t longest = 0;
+  for (int i = 0; i < n_chunked; ++i) longest = std::max(longest, seqs[i].num_tokens);
+  const auto segment = static_cast<int32_t>(
+      std::max<int64_t>(kGdnChunk, kChunkedRoundRows / n_chunked / kGdnChunk * kGdnChunk));
+  for (int32_t begin = 0; begin < longest; begin += segment) {
+    ChunkedRound round{static_cast<int>(seqs.size()), 0, 0};
+    for (int i = 0; i < n_chunked; ++i) {
+      GdnSeq part = seqs[i];
+      if (part.num_tokens <= begin) continue;
+      part.row_begin += begin;
+      part.num_tokens = std::min(segment, part.num_tokens - begin);
+      round.chunks += static_cast<int>(gdn_chunk_count(part.num_tokens));
+      ++round.count;
+      seqs.push_back(part);
+    }
+    rounds.push_back(round);
+  }
+  return rounds;
 }
 
 // Rows [first, first + count) of a bf16 weight, as a weight of its own.
@@ -53,32 +86,48 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
                                 " are not supported (value heads a multiple of key heads, key_dim 64/128/256, "
                                 "value_dim a multiple of 8)");
   if (slices.empty()) return;
+  // Slices for the chunked form first (Auto: no history and at least kGdnChunkedMinTokens tokens),
+  // then the rest, which run token by token; the conv and norms take all of them.
+  const bool chunk_ok = form != GdnForm::Recurrent && gdn_chunked_supported(dims);
+  auto wants_chunked = [&](const GdnSlice& s) {
+    return chunk_ok && !s.ssm_history && s.num_tokens > 0 &&
+           (form == GdnForm::Chunked || s.num_tokens >= kGdnChunkedMinTokens);
+  };
   std::vector<GdnSeq> seqs;
   seqs.reserve(slices.size());
   int32_t rows = 0, max_tokens = 0;
-  bool any_history = false;
   for (const auto& s : slices) {
     if (s.row_begin != rows || s.num_tokens < 0 || !s.conv_state || !s.ssm_state)
       throw std::invalid_argument("gdn_mixer: slices must tile the rows in order and carry both states");
-    seqs.push_back({s.row_begin, s.num_tokens, s.conv_state, s.ssm_state, s.conv_history, s.ssm_history});
     rows += s.num_tokens;
     max_tokens = std::max(max_tokens, s.num_tokens);
-    any_history = any_history || s.ssm_history;
   }
+  for (const bool chunked : {true, false})
+    for (const auto& s : slices)
+      if (wants_chunked(s) == chunked)
+        seqs.push_back({s.row_begin, s.num_tokens, s.conv_state, s.ssm_state, s.conv_history, s.ssm_history});
   if (rows == 0) return;
+  const int n = static_cast<int>(seqs.size());
+  const auto n_chunked = static_cast<int>(std::count_if(slices.begin(), slices.end(), wants_chunked));
+  const std::vector<ChunkedRound> rounds = append_chunked_rounds(seqs, n_chunked);
+  int64_t max_round_chunks = 0;
+  for (const auto& round : rounds) max_round_chunks = std::max<int64_t>(max_round_chunks, round.chunks);
   activate();
   const int64_t channels = shape.conv_channels(), kw = shape.key_width(), vw = shape.value_width();
   const int64_t hv = shape.value_heads;
   const auto* seq_dev = stage(gdn_seqs_, std::span<const GdnSeq>(seqs));
-  const bool chunked = form == GdnForm::Chunked && !any_history && gdn_chunked_supported(dims);
   note(max_tokens);
-  note(chunked);
+  note(n_chunked);
+  note(static_cast<int64_t>(rounds.size()));
   if (dry()) return;
   float* conv_out = scratch_of<float>(gdn_conv_out_, rows * channels, stream_);
   float* gates = scratch_of<float>(gdn_gates_, 2 * rows * hv, stream_);
+  float* workspace =
+      rounds.empty() ? nullptr
+                     : scratch_of<float>(gdn_chunk_workspace_, gdn_chunked_workspace_floats(dims, max_round_chunks),
+                                         stream_);
   float* beta = gates;
   float* g = gates + rows * hv;
-  const int n = static_cast<int>(seqs.size());
   launch_causal_conv1d_silu(mixed, channels, channels, weights.conv_weight, static_cast<int>(shape.conv_kernel),
                             seq_dev, n, max_tokens, conv_out, channels, stream_);
   launch_l2norm_heads(conv_out, channels, rows, shape.key_heads, shape.key_dim,
@@ -86,13 +135,9 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
   launch_l2norm_heads(conv_out + kw, channels, rows, shape.key_heads, shape.key_dim, 1.0f, 1e-6f, stream_);
   launch_gdn_gates(b, hv, a, hv, rows, hv, weights.A_log, weights.dt_bias, beta, g, stream_);
   const DeltaRuleArgs args{conv_out, conv_out + kw, channels, conv_out + 2 * kw, channels, g, beta, out, vw};
-  // The chunked form only when asked for (GdnForm::Chunked): on the H200 (2026-11-29, 27B
-  // shape, one lane of 8192 tokens) it takes 9.9 ms a layer against 6.2 ms for the recurrent
-  // kernel, whose fp32 CUDA-core products and per-chunk solve are not yet on tensor cores.
-  if (chunked)
-    launch_gated_delta_rule_chunked(dims, args, seq_dev, n, stream_);
-  else
-    launch_gated_delta_rule_recurrent(dims, args, seq_dev, n, stream_);
+  for (const auto& round : rounds)
+    launch_gated_delta_rule_chunked(dims, args, seq_dev + round.first, round.count, round.chunks, workspace, stream_);
+  if (n > n_chunked) launch_gated_delta_rule_recurrent(dims, args, seq_dev + n_chunked, n - n_chunked, stream_);
   launch_gated_rmsnorm(out, z, rows * hv, shape.value_dim, weights.norm_weight, shape.norm_eps, out, stream_);
 }
 

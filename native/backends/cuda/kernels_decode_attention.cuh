@@ -3,8 +3,8 @@
 // A block serves one query row, one KV head, up to kDecodeMaxGroup of the query heads that
 // share it (GQA: each key is loaded once for all of them) and one split of the key axis.
 // Each thread owns 8 consecutive elements (one 16-byte load) of a key row; kThreadsPerKey =
-// HD / 8 threads cover a key, so the block walks 128 / kThreadsPerKey keys at a time, each
-// thread group keeping its own online-softmax state. The groups' states merge through shared
+// HD / 8 threads cover a key, so the block walks (128 / kThreadsPerKey) x U keys at a time,
+// each thread group keeping its own online-softmax state. The groups' states merge through shared
 // memory at the end; with several splits the merged state goes to a partials buffer that
 // combine_splits folds into the output.
 #pragma once
@@ -56,87 +56,131 @@ struct DecodeParams {
   float scale;
 };
 
-template <int HD>
+// G: query heads served per block (a power of two >= the GQA group, at most kDecodeMaxGroup),
+// so every per-head loop is fully unrolled without a runtime bound and the G dot products of
+// a key reduce as independent shuffle chains. U: keys each thread group takes per iteration
+// (their loads are issued together and the next U keys' loads are in flight during the
+// arithmetic). Scores are kept in the log2 domain (q is prescaled by scale * log2(e)).
+template <int HD, int G, int U>
 __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeParams p) {
   constexpr int kThreadsPerKey = HD / 8;
-  constexpr int kKeysPerStep = kDecodeThreads / kThreadsPerKey;
+  constexpr int kKeyGroups = kDecodeThreads / kThreadsPerKey;  // thread groups in the block
+  constexpr int kStride = kKeyGroups * U;                      // keys the block takes per iteration
   const DecodeItem item = p.items[blockIdx.x];
-  const int kv_head = blockIdx.y / ((p.group + kDecodeMaxGroup - 1) / kDecodeMaxGroup);
-  const int group_chunk = blockIdx.y % ((p.group + kDecodeMaxGroup - 1) / kDecodeMaxGroup);
-  const int head0 = kv_head * p.group + group_chunk * kDecodeMaxGroup;
-  const int num_g = min(kDecodeMaxGroup, p.group - group_chunk * kDecodeMaxGroup);
+  const int group_chunks = (p.group + G - 1) / G;
+  const int kv_head = blockIdx.y / group_chunks;
+  const int group_chunk = blockIdx.y % group_chunks;
+  const int head0 = kv_head * p.group + group_chunk * G;
+  const int num_g = min(G, p.group - group_chunk * G);
   const int split = blockIdx.z;
   const int key_begin = split * p.chunk;
   const int key_end = min(item.kv_len, key_begin + p.chunk);
 
-  const int key_lane = threadIdx.x / kThreadsPerKey;  // which key of a step this thread works on
+  const int key_lane = threadIdx.x / kThreadsPerKey;  // which thread group
   const int sub = threadIdx.x % kThreadsPerKey;       // which 8 elements of the row
   const int lane = threadIdx.x & 31;
   const unsigned group_mask =
       kThreadsPerKey == 32 ? 0xffffffffu : (((1u << kThreadsPerKey) - 1u) << (lane & ~(kThreadsPerKey - 1)));
 
-  float qv[kDecodeMaxGroup][8];
+  constexpr float kLog2e = 1.4426950408889634f;
+  float qv[G][8];
 #pragma unroll
-  for (int g = 0; g < kDecodeMaxGroup; ++g)
+  for (int g = 0; g < G; ++g)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      qv[g][j] = g < num_g ? p.q[(static_cast<int64_t>(item.row) * p.num_heads + head0 + g) * HD + sub * 8 + j] * p.scale
+      qv[g][j] = g < num_g ? p.q[(static_cast<int64_t>(item.row) * p.num_heads + head0 + g) * HD + sub * 8 + j] *
+                                 (p.scale * kLog2e)
                            : 0.0f;
 
-  float m[kDecodeMaxGroup], l[kDecodeMaxGroup], acc[kDecodeMaxGroup][8];
+  float m[G], l[G], acc[G][8];
 #pragma unroll
-  for (int g = 0; g < kDecodeMaxGroup; ++g) {
+  for (int g = 0; g < G; ++g) {
     m[g] = -FLT_MAX;
     l[g] = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[g][j] = 0.0f;
   }
 
-  // The next key's K/V rows are loaded before the current key is used, so two loads per
-  // thread are in flight while the softmax arithmetic runs.
   auto load = [&](int key, uint4& kp, uint4& vp) {
+    if (key >= key_end) {
+      kp = make_uint4(0, 0, 0, 0);
+      vp = kp;
+      return;
+    }
     const int32_t page = p.pages[item.pages_offset + key / kKvPageTokens];
     const int slot = key % kKvPageTokens;
     kp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 0, slot, HD) + kv_head * HD + sub * 8);
     vp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 1, slot, HD) + kv_head * HD + sub * 8);
   };
-  int key = key_begin + key_lane;
-  uint4 k_cur = make_uint4(0, 0, 0, 0), v_cur = make_uint4(0, 0, 0, 0);
-  if (key < key_end) load(key, k_cur, v_cur);
-  while (key < key_end) {
-    const int next = key + kKeysPerStep;
-    uint4 k_next = make_uint4(0, 0, 0, 0), v_next = make_uint4(0, 0, 0, 0);
-    if (next < key_end) load(next, k_next, v_next);
-    float kf[8], vf[8];
-    bf16x8_to_float(k_cur, kf);
-    bf16x8_to_float(v_cur, vf);
+  int key0 = key_begin + key_lane * U;
+  uint4 k_cur[U], v_cur[U];
 #pragma unroll
-    for (int g = 0; g < kDecodeMaxGroup; ++g) {
-      if (g >= num_g) break;
-      float s = 0.0f;
+  for (int u = 0; u < U; ++u) load(key0 + u, k_cur[u], v_cur[u]);
+  while (key0 < key_end) {
+    const int next0 = key0 + kStride;
+    uint4 k_next[U], v_next[U];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s = fmaf(qv[g][j], kf[j], s);
+    for (int u = 0; u < U; ++u) load(next0 + u, k_next[u], v_next[u]);
+    float s[U][G];
 #pragma unroll
-      for (int offset = kThreadsPerKey / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(group_mask, s, offset);
-      const float m_new = fmaxf(m[g], s);
-      const float correction = expf(m[g] - m_new);
-      const float weight = expf(s - m_new);
-      l[g] = l[g] * correction + weight;
+    for (int u = 0; u < U; ++u) {
+      float kf[8];
+      bf16x8_to_float(k_cur[u], kf);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(acc[g][j], correction, weight * vf[j]);
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot = fmaf(qv[g][j], kf[j], dot);
+        s[u][g] = dot;
+      }
+    }
+#pragma unroll
+    for (int offset = kThreadsPerKey / 2; offset > 0; offset >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(group_mask, s[u][g], offset);
+    float vf[U][8];
+#pragma unroll
+    for (int u = 0; u < U; ++u) bf16x8_to_float(v_cur[u], vf[u]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (key0 + u < key_end) m_new = fmaxf(m_new, s[u][g]);
+      const float correction = exp2f(m[g] - m_new);
+      float w[U];
+      float w_sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        w[u] = key0 + u < key_end ? exp2f(s[u][g] - m_new) : 0.0f;
+        w_sum += w[u];
+      }
+      l[g] = fmaf(l[g], correction, w_sum);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float a = acc[g][j] * correction;
+#pragma unroll
+        for (int u = 0; u < U; ++u) a = fmaf(w[u], vf[u][j], a);
+        acc[g][j] = a;
+      }
       m[g] = m_new;
     }
-    key = next;
-    k_cur = k_next;
-    v_cur = v_next;
+    key0 = next0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      k_cur[u] = k_next[u];
+      v_cur[u] = v_next[u];
+    }
   }
 
-  // Merge the kKeysPerStep thread groups' states.
-  __shared__ float s_m[kKeysPerStep][kDecodeMaxGroup];
-  __shared__ float s_l[kKeysPerStep][kDecodeMaxGroup];
-  __shared__ float s_acc[kKeysPerStep][kDecodeMaxGroup][HD];
+  // Merge the thread groups' states.
+  __shared__ float s_m[kKeyGroups][G];
+  __shared__ float s_l[kKeyGroups][G];
+  __shared__ float s_acc[kKeyGroups][G][HD];
 #pragma unroll
-  for (int g = 0; g < kDecodeMaxGroup; ++g) {
+  for (int g = 0; g < G; ++g) {
     if (sub == 0) {
       s_m[key_lane][g] = m[g];
       s_l[key_lane][g] = l[g];
@@ -149,11 +193,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeP
     const int g = idx / HD, d = idx % HD;
     float m_all = -FLT_MAX;
 #pragma unroll
-    for (int i = 0; i < kKeysPerStep; ++i) m_all = fmaxf(m_all, s_m[i][g]);
+    for (int i = 0; i < kKeyGroups; ++i) m_all = fmaxf(m_all, s_m[i][g]);
     float l_all = 0.0f, a_all = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kKeysPerStep; ++i) {
-      const float w = s_l[i][g] > 0.0f ? expf(s_m[i][g] - m_all) : 0.0f;
+    for (int i = 0; i < kKeyGroups; ++i) {
+      const float w = s_l[i][g] > 0.0f ? exp2f(s_m[i][g] - m_all) : 0.0f;
       l_all += s_l[i][g] * w;
       a_all += s_acc[i][g][d] * w;
     }
@@ -164,7 +208,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeP
       const int64_t part = (static_cast<int64_t>(blockIdx.x) * p.num_heads + head0 + g) * p.splits + split;
       float* dst = p.partials + part * (HD + 2);
       if (d == 0) {
-        dst[0] = m_all;
+        dst[0] = m_all;  // log2 domain
         dst[1] = l_all;
       }
       dst[2 + d] = a_all;
@@ -196,7 +240,7 @@ __global__ void combine_splits(const DecodeItem* __restrict__ items, const float
   float l = 0.0f;
   for (int s = d; s < splits; s += HD) {
     const float* part = base + s * (HD + 2);
-    const float w = part[1] > 0.0f ? expf(part[0] - m_all) : 0.0f;  // empty split: past the row's keys
+    const float w = part[1] > 0.0f ? exp2f(part[0] - m_all) : 0.0f;  // empty split: past the row's keys; m in log2 units
     weight[s] = w;
     l += part[1] * w;
   }

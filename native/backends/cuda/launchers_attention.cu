@@ -11,13 +11,30 @@ namespace ninfer::cuda {
 
 namespace {
 
-template <int HD>
-void decode_for(const kernels::DecodeParams& p, int num_items, int num_kv_heads, cudaStream_t stream) {
-  const int group_chunks = (p.group + kernels::kDecodeMaxGroup - 1) / kernels::kDecodeMaxGroup;
+// Keys each thread group takes per iteration of the decode kernel.
+constexpr int kDecodeKeysPerIteration = 2;
+
+template <int HD, int G>
+void decode_grouped(const kernels::DecodeParams& p, int num_items, int num_kv_heads, cudaStream_t stream) {
+  const int group_chunks = (p.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned int>(num_items), static_cast<unsigned int>(num_kv_heads * group_chunks),
                   static_cast<unsigned int>(p.splits));
-  kernels::decode_attention<HD><<<grid, kernels::kDecodeThreads, 0, stream>>>(p);
+  kernels::decode_attention<HD, G, kDecodeKeysPerIteration><<<grid, kernels::kDecodeThreads, 0, stream>>>(p);
   NINFER_CUDA_CHECK_LAUNCH();
+}
+
+template <int HD>
+void decode_for(const kernels::DecodeParams& p, int num_items, int num_kv_heads, cudaStream_t stream) {
+  // The smallest power-of-two head count that covers the GQA group (at most kDecodeMaxGroup;
+  // larger groups take several blocks per KV head).
+  if (p.group <= 1)
+    decode_grouped<HD, 1>(p, num_items, num_kv_heads, stream);
+  else if (p.group <= 2)
+    decode_grouped<HD, 2>(p, num_items, num_kv_heads, stream);
+  else if (p.group <= 4)
+    decode_grouped<HD, 4>(p, num_items, num_kv_heads, stream);
+  else
+    decode_grouped<HD, kernels::kDecodeMaxGroup>(p, num_items, num_kv_heads, stream);
   if (p.splits > 1) {
     const dim3 combine_grid(static_cast<unsigned int>(num_items), static_cast<unsigned int>(p.num_heads));
     const size_t weights_bytes = static_cast<size_t>(p.splits) * sizeof(float);

@@ -1,11 +1,13 @@
 // Launchers of the hybrid-model kernels (see launchers_hybrid.h).
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_gdn.cuh"
-#include "backends/cuda/kernels_gdn_chunked.cuh"
+#include "backends/cuda/kernels_gdn_chunk_prepare.cuh"
+#include "backends/cuda/kernels_gdn_chunk_scan.cuh"
 #include "backends/cuda/kernels_hybrid.cuh"
 #include "backends/cuda/launchers_hybrid.h"
 
@@ -93,40 +95,93 @@ void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs
 }
 
 bool gdn_chunked_supported(const GdnDims& s) {
-  return gdn_shape_supported(s) && (s.key_dim == 64 || s.key_dim == 128) && s.value_dim % kernels::kChunkCols == 0;
+  return gdn_shape_supported(s) && (s.key_dim == 64 || s.key_dim == 128) && s.value_dim % 32 == 0;
+}
+
+int64_t gdn_chunk_count(int64_t tokens) { return (tokens + kernels::kChunk - 1) / kernels::kChunk; }
+
+int64_t gdn_chunked_workspace_floats(const GdnDims& shape, int64_t chunks) {
+  return chunks * shape.value_heads * kernels::ChunkWorkspace{shape.key_dim, shape.value_dim}.floats();
 }
 
 namespace {
 
+// > 48 KiB of dynamic shared memory needs opting in, once per kernel.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 template <int DK>
-void chunked_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
-                 cudaStream_t stream) {
-  constexpr size_t kSmem = kernels::chunked_smem_floats(DK) * sizeof(float);
-  static const bool configured = [] {  // > 48 KiB of dynamic shared memory needs opting in
-    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::gated_delta_rule_chunked<DK>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned int>(shape.value_dim / kernels::kChunkCols),
-                  static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(num_seqs));
-  kernels::gated_delta_rule_chunked<DK><<<grid, kernels::kChunkThreads, kSmem, stream>>>(shape, args, seqs);
+void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs, int chunks,
+                 float* workspace, cudaStream_t stream) {
+  const size_t smem = kernels::PrepareSmem<DK>::floats(shape.value_dim) * sizeof(float);
+  static size_t allowed = 0;  // the opt-in grows with value_dim
+  if (smem > allowed) {
+    allow_smem(kernels::gdn_chunk_prepare<DK>, smem);
+    allowed = smem;
+  }
+  kernels::gdn_chunk_prepare<DK>
+      <<<dim3(static_cast<unsigned int>(chunks), static_cast<unsigned int>(shape.value_heads)),
+         kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
+template <int DK, int NT>
+void scan_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
+              const float* workspace, cudaStream_t stream) {
+  using Scan = kernels::ScanShape<DK, NT>;
+  constexpr size_t kSmem = Scan::kFloats * sizeof(float);
+  static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT>, kSmem), true);
+  (void)configured;
+  const dim3 grid(static_cast<unsigned int>(shape.value_dim / NT), static_cast<unsigned int>(shape.value_heads),
+                  static_cast<unsigned int>(num_seqs));
+  kernels::gdn_chunk_scan<DK, NT><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
 
-void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs,
-                                     int num_seqs, cudaStream_t stream) {
-  if (num_seqs <= 0) return;
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check_chunked(const GdnDims& shape, const DeltaRuleArgs& args, const void* workspace) {
   if (!gdn_chunked_supported(shape))
     throw std::invalid_argument("chunked gated delta rule (CUDA): key_dim " + std::to_string(shape.key_dim) +
                                 " / value_dim " + std::to_string(shape.value_dim) +
                                 " not supported (key_dim 64/128, value_dim % 32)");
+  if (!aligned16(args.q) || !aligned16(args.k) || !aligned16(args.v) || !aligned16(workspace) ||
+      args.qk_stride % 4 != 0 || args.v_stride % 4 != 0)
+    throw std::invalid_argument("chunked gated delta rule (CUDA): q, k, v and the workspace must be 16-byte "
+                                "aligned and the q/k and v row strides multiples of 4 floats");
+}
+
+}  // namespace
+
+void launch_gdn_chunk_prepare(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
+                              int chunks, float* workspace, cudaStream_t stream) {
+  if (num_seqs <= 0 || chunks <= 0) return;
+  check_chunked(shape, args, workspace);
   if (shape.key_dim == 64)
-    chunked_for<64>(shape, args, seqs, num_seqs, stream);
+    prepare_for<64>(shape, args, seqs, num_seqs, chunks, workspace, stream);
   else
-    chunked_for<128>(shape, args, seqs, num_seqs, stream);
+    prepare_for<128>(shape, args, seqs, num_seqs, chunks, workspace, stream);
+}
+
+void launch_gdn_chunk_scan(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
+                           const float* workspace, cudaStream_t stream) {
+  if (num_seqs <= 0) return;
+  check_chunked(shape, args, workspace);
+  const bool wide = shape.value_dim % 64 == 0;  // 64-column tiles: one copy of W, Q, K for twice the columns
+  if (shape.key_dim == 64)
+    wide ? scan_for<64, 64>(shape, args, seqs, num_seqs, workspace, stream)
+         : scan_for<64, 32>(shape, args, seqs, num_seqs, workspace, stream);
+  else
+    wide ? scan_for<128, 64>(shape, args, seqs, num_seqs, workspace, stream)
+         : scan_for<128, 32>(shape, args, seqs, num_seqs, workspace, stream);
+}
+
+void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs,
+                                     int num_seqs, int chunks, float* workspace, cudaStream_t stream) {
+  launch_gdn_chunk_prepare(shape, args, seqs, num_seqs, chunks, workspace, stream);
+  launch_gdn_chunk_scan(shape, args, seqs, num_seqs, workspace, stream);
 }
 
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,

@@ -71,11 +71,27 @@ void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs
                                        int num_seqs, cudaStream_t stream);
 
 // The chunked form (chunks of 64 tokens, spec §3.1) of the same rule, for prefill: same results
-// up to fp32 rounding, far fewer sequential steps for long sequences. Ignores ssm_history (use
-// the recurrent form for slices that need per-token states). Shapes: gdn_chunked_supported.
+// up to tf32 rounding of the tensor-core products (relative ~1e-3), far fewer sequential steps
+// for long sequences. Ignores ssm_history (use the recurrent form for slices that need
+// per-token states). Shapes: gdn_chunked_supported; q, k, v 16-byte aligned with row strides
+// that are multiples of 4 floats. `chunks`: the sum over the sequences of gdn_chunk_count(num_tokens);
+// `workspace`: gdn_chunked_workspace_floats(shape, chunks) floats of device memory, 16-byte
+// aligned.
+inline constexpr int32_t kGdnChunk = 64;  // tokens per chunk
+// GdnForm::Auto runs slices of at least this many tokens chunked (below, the recurrent kernel
+// is faster: bench/bench_cuda_gdn.py).
+inline constexpr int32_t kGdnChunkedMinTokens = 64;
 bool gdn_chunked_supported(const GdnDims& shape);
+int64_t gdn_chunk_count(int64_t tokens);
+int64_t gdn_chunked_workspace_floats(const GdnDims& shape, int64_t chunks);
 void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs,
-                                     int num_seqs, cudaStream_t stream);
+                                     int num_seqs, int chunks, float* workspace, cudaStream_t stream);
+// Its two kernels, for timing them apart: the chunk-parallel part (fills the workspace) and the
+// sequential one (reads it; updates the states and writes out).
+void launch_gdn_chunk_prepare(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
+                              int chunks, float* workspace, cudaStream_t stream);
+void launch_gdn_chunk_scan(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs,
+                           const float* workspace, cudaStream_t stream);
 
 // out = w * (x * rsqrt(mean(x^2) + eps)) * silu(z) per row of dim floats (out may be x).
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
