@@ -13,7 +13,6 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "artifact/artifact.h"
@@ -205,7 +204,7 @@ class CudaOps {
   void paged_attention(py::array q, const std::vector<py::array>& keys, const std::vector<py::array>& values,
                        const std::vector<std::tuple<int, int, std::vector<int32_t>>>& slices, int64_t num_pages,
                        float scale, py::array out, const std::string& path, int splits,
-                       std::pair<int, int> prefill_kernel) {
+                       int prefill_kv_stages) {
     if (keys.size() != slices.size() || values.size() != slices.size() || keys.empty())
       throw py::value_error("need one key and one value history per slice");
     if (q.ndim() != 3) throw py::value_error("q must be [rows, heads, head_dim]");
@@ -226,7 +225,7 @@ class CudaOps {
     if (row != q.shape(0)) throw py::value_error("q rows do not match the slices' token counts");
     backend_.set_attention_path(attention_path(path));
     backend_.set_decode_splits(splits);
-    backend_.set_prefill_kernel({prefill_kernel.first, prefill_kernel.second});
+    backend_.set_prefill_kernel({prefill_kv_stages});
     auto reset = [this] {
       backend_.set_attention_path(CudaBackend::AttentionPath::Auto);
       backend_.set_decode_splits(0);
@@ -243,10 +242,10 @@ class CudaOps {
   }
 
   // Median device time (ms) of the prefill attention kernel alone for one slice of `tokens`
-  // queries after `start` cached keys, on seeded random q and KV (pages in order), with the
-  // given block shape ((0, 0) = the default).
+  // queries after `start` cached keys, on seeded random q and KV (pages in order), with
+  // prefill_kv_stages K/V buffers (0 = the default).
   double time_prefill_attention(int start, int tokens, int num_heads, int num_kv_heads, int head_dim,
-                                std::pair<int, int> prefill_kernel, int reps) {
+                                int prefill_kv_stages, int reps) {
     if (tokens <= 0 || start < 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || reps <= 0)
       throw py::value_error("time_prefill_attention: bad shape");
     const int total = start + tokens, num_pages = (total + kPageTokens - 1) / kPageTokens;
@@ -286,7 +285,7 @@ class CudaOps {
       const cuda::AttentionArgs args{layout, static_cast<const int32_t*>(plan), static_cast<const float*>(q),
                                      static_cast<float*>(out), num_heads, head_dim,
                                      1.0f / std::sqrt(static_cast<float>(head_dim))};
-      const cuda::PrefillKernelConfig config{prefill_kernel.first, prefill_kernel.second};
+      const cuda::PrefillKernelConfig config{prefill_kv_stages};
       auto run = [&] {
         cuda::launch_prefill_attention(args, device_items, static_cast<int>(items.size()), nullptr, config);
       };
@@ -425,10 +424,10 @@ void bind_cuda(py::module_& m) {
            py::arg("reps") = 10)
       .def("paged_attention", &CudaOps::paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"),
            py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
-           py::arg("splits") = 0, py::arg("prefill_kernel") = std::pair<int, int>(0, 0))
+           py::arg("splits") = 0, py::arg("prefill_kv_stages") = 0)
       .def("time_prefill_attention", &CudaOps::time_prefill_attention, py::arg("start"), py::arg("tokens"),
            py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
-           py::arg("prefill_kernel") = std::pair<int, int>(0, 0), py::arg("reps") = 10);
+           py::arg("prefill_kv_stages") = 0, py::arg("reps") = 10);
   bind_cuda_hybrid(m);
   bind_cuda_gemv(m);
 #else

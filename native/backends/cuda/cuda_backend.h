@@ -148,7 +148,7 @@ class CudaBackend final : public Backend {
   void sample_rows(float* logits, int64_t vocab, const SamplingBatch& batch, int32_t* ids) override;
 
   // Test/benchmark controls: force a matmul path, an attention kernel, a split count (0 =
-  // automatic) for the split-KV kernel, or a block shape for the prefill kernel.
+  // automatic) for the split-KV kernel, or the K/V buffering of the prefill kernel.
   void set_matmul_path(MatmulPath path) { matmul_path_ = path; }
   void set_attention_path(AttentionPath path) { attention_path_ = path; }
   void set_decode_splits(int splits) { forced_splits_ = splits; }

@@ -17,11 +17,9 @@
 
 #include <cstdint>
 
-namespace ninfer::cuda {
+#include "backends/cuda/kernels_common.cuh"  // shared_address, cp_async_16/commit/wait, pack_bf16x2
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace ninfer::cuda {
 
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
@@ -49,38 +47,10 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 16-byte global -> shared copy that bypasses registers; with fill == false the destination
-// is zeroed and nothing is read.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool fill) {
-  const int src_bytes = fill ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
 // The same with a generic shared-memory pointer: always copies, or copies iff `copy`.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) { cp_async_16(shared_address(smem), gmem, true); }
 __device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* gmem, bool copy) {
   cp_async_16(shared_address(smem), gmem, copy);
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Waits until at most `pending` of this thread's committed copy groups are still in flight.
-template <int pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
-}
-
-// Two floats as packed bf16 (the first in the low half, as fragments expect).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// 2^x on the special-function unit (relative error ~2^-22; -inf -> 0).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // --- tf32 and bf16 fragments read from plain shared-memory tiles -----------------------------

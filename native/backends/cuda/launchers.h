@@ -104,14 +104,13 @@ struct AttentionArgs {
 // second kernel.
 void launch_decode_attention(const AttentionArgs& args, const DecodeItem* items, int num_items, int splits,
                              int chunk, float* partials, cudaStream_t stream);
-// Block shape of the prefill kernel; 0 picks the default. heads_per_block (1 or 2, dividing
-// num_heads / num_kv_heads): query heads of one KV head that share each loaded K/V page.
-// kv_stages (1 or 2): K/V pages single- or double-buffered in shared memory.
+// Shape of the prefill kernel; 0 picks the measured default for the head dim. kv_stages (1 or
+// 2): K/V pages single- or double-buffered in shared memory.
 struct PrefillKernelConfig {
-  int heads_per_block = 0;
   int kv_stages = 0;
 };
-// Causal attention of blocks of query rows over their slice's pages with tensor cores.
+// Causal attention of blocks of query rows over their slice's pages with warpgroup tensor-core
+// MMA (needs sm_90a).
 void launch_prefill_attention(const AttentionArgs& args, const PrefillItem* items, int num_items,
                               cudaStream_t stream, PrefillKernelConfig config = {});
 

@@ -45,31 +45,27 @@ void decode_for(const kernels::DecodeParams& p, int num_items, int num_kv_heads,
   }
 }
 
-template <int HD, int kHeads, int kStages>
+template <int HD, int kStages>
 void prefill_for(const kernels::PrefillParams& p, int num_items, cudaStream_t stream) {
-  using Config = kernels::PrefillConfig<HD, kHeads, kStages>;
+  using Config = kernels::PrefillConfig<HD, kStages>;
   static const bool configured = [] {
-    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention<HD, kHeads, kStages>,
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention<HD, kStages>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(Config::kSmemBytes)));
     return true;
   }();
   (void)configured;
-  const dim3 grid(static_cast<unsigned int>(p.num_heads / kHeads), static_cast<unsigned int>(num_items));
-  kernels::prefill_attention<HD, kHeads, kStages><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned int>(p.num_heads), static_cast<unsigned int>(num_items));
+  kernels::prefill_attention<HD, kStages><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 template <int HD>
-void prefill_for(const kernels::PrefillParams& p, int num_items, PrefillKernelConfig config, cudaStream_t stream) {
-  const int key = config.heads_per_block * 10 + config.kv_stages;
-  switch (key) {
-    case 11: prefill_for<HD, 1, 1>(p, num_items, stream); break;
-    case 12: prefill_for<HD, 1, 2>(p, num_items, stream); break;
-    case 21: prefill_for<HD, 2, 1>(p, num_items, stream); break;
-    case 22: prefill_for<HD, 2, 2>(p, num_items, stream); break;
-    default: throw std::invalid_argument("prefill attention: unsupported kernel configuration");
-  }
+void prefill_for(const kernels::PrefillParams& p, int num_items, int kv_stages, cudaStream_t stream) {
+  if (kv_stages == 1)
+    prefill_for<HD, 1>(p, num_items, stream);
+  else
+    prefill_for<HD, 2>(p, num_items, stream);
 }
 
 }  // namespace
@@ -104,19 +100,16 @@ void launch_decode_attention(const AttentionArgs& a, const DecodeItem* items, in
 void launch_prefill_attention(const AttentionArgs& a, const PrefillItem* items, int num_items, cudaStream_t stream,
                               PrefillKernelConfig config) {
   if (num_items <= 0) return;
-  const int group = a.num_heads / a.kv.num_kv_heads;
-  if (config.heads_per_block == 0) config.heads_per_block = group % 2 == 0 ? 2 : 1;
-  if (config.kv_stages == 0) config.kv_stages = 1;
-  if ((config.heads_per_block != 1 && config.heads_per_block != 2) || group % config.heads_per_block != 0 ||
-      (config.kv_stages != 1 && config.kv_stages != 2))
-    throw std::invalid_argument("prefill attention: " + std::to_string(config.heads_per_block) +
-                                " heads per block and " + std::to_string(config.kv_stages) +
-                                " K/V stages do not fit " + std::to_string(group) + " query heads per KV head");
-  kernels::PrefillParams p{a.kv, a.pages, items, a.q, a.out, a.num_heads, group, a.scale};
+  // Measured on an H200 (bench/bench_cuda_attention.py): double-buffered K/V pays only at
+  // head_dim 64; at 128 and 256 single buffers leave room for more resident blocks.
+  const int kv_stages = config.kv_stages != 0 ? config.kv_stages : (a.head_dim == 64 ? 2 : 1);
+  if (kv_stages != 1 && kv_stages != 2)
+    throw std::invalid_argument("prefill attention: " + std::to_string(kv_stages) + " K/V stages (1 or 2)");
+  kernels::PrefillParams p{a.kv, a.pages, items, a.q, a.out, a.num_heads, a.num_heads / a.kv.num_kv_heads, a.scale};
   switch (a.head_dim) {
-    case 64: prefill_for<64>(p, num_items, config, stream); break;
-    case 128: prefill_for<128>(p, num_items, config, stream); break;
-    case 256: prefill_for<256>(p, num_items, config, stream); break;
+    case 64: prefill_for<64>(p, num_items, kv_stages, stream); break;
+    case 128: prefill_for<128>(p, num_items, kv_stages, stream); break;
+    case 256: prefill_for<256>(p, num_items, kv_stages, stream); break;
     default: throw std::invalid_argument("CUDA attention: head_dim " + std::to_string(a.head_dim) + " is not supported");
   }
 }
