@@ -40,6 +40,8 @@ from model_files import write_bf16_artifact  # noqa: E402
 
 from bench_cuda import ceilings, kernel_breakdown  # noqa: E402
 
+SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+
 
 def shape_counts(cfg: dict, batch: int = 1) -> dict[str, float]:
     """Parameters read per decode step (MoE: the expected distinct experts of `batch` tokens
@@ -197,8 +199,11 @@ def run_shape(
         for batch in batches:
 
             def step(batch=batch, position=position):
-                runner.forward_batch(
-                    [(lane, position[lane], [tokens[lane]]) for lane in range(batch)]
+                # As the engine decodes: the next token is sampled on the device (Qwen3.6's
+                # recommended T 0.6 / top-k 20 / top-p 0.95), only the ids come back.
+                runner.forward_batch_sampled(
+                    [(lane, position[lane], [tokens[lane]]) for lane in range(batch)],
+                    [SAMPLING | {"uniform": (lane + 0.5) / batch} for lane in range(batch)],
                 )
                 for lane in range(batch):
                     position[lane] += 1
@@ -230,7 +235,9 @@ def run_shape(
     out["decode"] = rows
     pos = position[0]
     os.environ["NINFER_CUDA_GRAPHS"] = "0"  # per-kernel figures of the eager step
-    out["breakdown_decode_b1"] = kernel_breakdown(lambda: runner.forward(0, pos, [tokens[2]]))
+    out["breakdown_decode_b1"] = kernel_breakdown(
+        lambda: runner.forward_batch_sampled([(0, pos, [tokens[2]])], [SAMPLING | {"uniform": 0.5}])
+    )
     os.environ.pop("NINFER_CUDA_GRAPHS")
     if decode_only:
         return out
