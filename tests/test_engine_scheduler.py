@@ -101,8 +101,10 @@ def test_pages_return_after_cancel_mid_prefill_and_mid_decode():
     total = engine.stats()["kv_pages_total"]
     assert total == 2 * 32
     engine.toy_set_step_delay_us(2000)
-    prefilling = submit_ok(engine, [5] * 600, 10)
+    # The short request first: prefill is FIFO, so it decodes (one row a step) while the long
+    # prompt is still being prefilled two tokens a step (300 steps) when the cancels arrive.
     decoding = submit_ok(engine, [6, 7], 1500)
+    prefilling = submit_ok(engine, [5] * 600, 10)
     seen_tokens = 0
     while seen_tokens < 3:
         seen_tokens += sum(
