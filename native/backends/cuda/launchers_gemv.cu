@@ -48,8 +48,8 @@ void gemv_block_split(GemvLaunch& l) {
   set_first_tiles<Shape>(l);
   const dim3 grid(static_cast<unsigned int>(l.table.first_tile[l.num_jobs])), block(Shape::kThreads);
   if (l.m > 8)
-    launch_overlapped(l.options->overlap_previous, grid, block, 0, l.stream, kernels::gemv_bf16_block_split<Shape, true>,
-                      l.table, l.x, l.m, l.k);
+    launch_overlapped(l.options->overlap_previous, grid, block, 0, l.stream,
+                      kernels::gemv_bf16_block_split<Shape, true>, l.table, l.x, l.m, l.k);
   else
     launch_overlapped(l.options->overlap_previous, grid, block, 0, l.stream,
                       kernels::gemv_bf16_block_split<Shape, false>, l.table, l.x, l.m, l.k);
@@ -70,7 +70,8 @@ int stream_k_blocks_per_sm() {
 template <typename Shape, bool kWide>
 void launch_stream_k(GemvLaunch& l, int64_t units) {
   const GemvWorkspace& ws = l.options->workspace;
-  if (!ws.partials || !ws.counters) throw std::invalid_argument("launch_gemv_bf16: the stream-K GEMV needs a workspace");
+  if (!ws.partials || !ws.counters)
+    throw std::invalid_argument("launch_gemv_bf16: the stream-K GEMV needs a workspace");
   const int64_t blocks = std::max<int64_t>(
       1, std::min({int64_t(stream_k_blocks_per_sm<Shape, kWide>()) * sm_count(), units, ws.max_blocks}));
   launch_overlapped(l.options->overlap_previous, dim3(static_cast<unsigned int>(blocks)), dim3(Shape::kThreads), 0,
