@@ -165,8 +165,12 @@ def test_batched_equals_alone(case):
         top = np.sort(ref)[-2:]
         print(f"{name}: lane {lane} batched vs alone rel err {err:.2e}")
         # Same bf16 GEMM inputs on both paths; the remaining difference is attention rounding
-        # (the prefill kernel's bf16 q and probabilities vs the decode kernel's f32).
-        assert err < 8e-3
+        # (the prefill kernel's bf16 q and probabilities vs the decode kernel's f32). On
+        # llama3_gqa that rounding alone moves lane 2 by ~1e-2: a float64 emulation of it (bf16
+        # GEMM inputs, bf16 q and P on the prefill rows) gives 1.1e-2, and 0.97e-2 with the old
+        # WMMA kernel's rounded-P sums; the GPU measures 1.13e-2. A wrong mask or page moves a
+        # row by O(1).
+        assert err < 2e-2
         if top[1] - top[0] > 0.01 * np.abs(ref).max():  # not a near-tie
             assert int(np.argmax(mixed[lane])) == int(np.argmax(ref))
 
