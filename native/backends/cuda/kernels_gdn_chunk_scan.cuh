@@ -3,7 +3,7 @@
 // with its dk x NT slice of the state in registers (exact fp32) and a bf16 copy of it in shared
 // memory as the operand of the next chunk's products. Per chunk, on bf16 tensor cores:
 //   1. [W; Q] S (128 x NT): the W rows give V' = U - W S, the Q rows O' = e^G (Q S);
-//   2. O = O' + P V' (the Q rows' warps) and S <- e^{G_last} S + Kᵀ (e^{G_last-G} V') (all warps).
+//   2. O = O' + P V' (Q warps) and S <- e^{G_last} S + Kᵀ (e^{G_last-G} V') (all warps).
 // The chunk's operands (W, Q, Kᵀ, P in bf16; U, decays in fp32) come from the prepare kernel's
 // workspace through two shared-memory stages: chunk c+1's copies are issued when chunk c starts,
 // so their latency hides behind a whole chunk of work. Two barriers a chunk.
@@ -14,14 +14,13 @@
 
 namespace ninfer::cuda::kernels {
 
-// NT state columns per block, 8 warps per 32 columns: warp w owns rows 16 (w % 8).. and columns
-// 32 (w / 8).. of the state; the [W; Q] S and P V' products run in 32x32 tiles on half the warps. Offsets in bytes; bf16 pitches of
+// NT state columns per block, 8 warps per 32 columns: warp w owns rows 16 (w % 8).. of the
+// 128-row products and columns 32 (w / 8).. of the tile. Offsets in bytes; bf16 pitches of
 // 8 mod 64 elements (fragment reads on 32 different banks).
 template <int DK, int NT>
 struct ScanShape {
   static constexpr int kWarps = 8 * NT / 32;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kTileWarps = 4 * NT / 32;  // the 32x32 tiles of the 128 x NT products
   static constexpr int kRowPitch = DK + 8;       // bf16 [64][DK] (W, Q) and Sᵀ [NT][DK]
   static constexpr int kTokenPitch = kChunk + 8;  // bf16 [.][64] (Kᵀ, P, V'ᵀ)
   static constexpr int kUPitch = NT + 8;          // fp32 U [64][NT]
@@ -40,7 +39,7 @@ struct ScanShape {
   static constexpr size_t kBytes = size_t(kVtt) + size_t(NT) * kTokenPitch * 2;
 };
 
-template <int DK, int NT, bool kWideTiles>
+template <int DK, int NT>
 __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
     gdn_chunk_scan(GdnDims shape, DeltaRuleArgs args, const GdnSeq* __restrict__ seqs,
                    const float* __restrict__ workspace) {
@@ -54,7 +53,8 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
   bf16* Vtt = reinterpret_cast<bf16*>(smem + L::kVtt);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int mt = warp % 8, n_base = (warp / 8) * 32;  // rows 16 mt.. and columns n_base.. of S
+  const int mt = warp % 8, n_base = (warp / 8) * 32;  // rows 16 mt.. of [W; Q] and of S
+  const bool w_rows = mt < 4;
   const bool owns_state = mt * 16 < DK;
   const int h = blockIdx.y, col0 = blockIdx.x * NT;
   const GdnSeq seq = seqs[blockIdx.z];
@@ -128,12 +128,10 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
     __syncthreads();  // chunk c is in, Sᵀ is current; chunk c-1 is done with the other stage
     if (c + 1 < chunks) load_chunk(c + 1);
 
-    if constexpr (!kWideTiles) {
-      const bool w_rows_ = mt < 4;
     // 1. [W; Q] S for rows 16 mt.. and columns n_base..n_base+31.
     float acc[4][4] = {};
     {
-      const bf16* X = (w_rows_ ? Ws : Qs) + (mt & 3) * 16 * RP;
+      const bf16* X = (w_rows ? Ws : Qs) + (mt & 3) * 16 * RP;
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) {
         uint32_t a[4];
@@ -152,7 +150,7 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
       for (int half = 0; half < 2; ++half) {
         const int r = (mt & 3) * 16 + g + 8 * half, cc = n_base + nt * 8 + 2 * t;
         float* pair = acc[nt] + 2 * half;
-        if (w_rows_) {
+        if (w_rows) {
           const float2 u = *reinterpret_cast<const float2*>(Us + r * UP + cc);
           const float v0 = u.x - pair[0], v1 = u.y - pair[1];
           Vt[cc * TP + r] = __float2bfloat16_rn(v0);
@@ -167,7 +165,7 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
     __syncthreads();  // V' is in
 
     // 2a. O = e^G (Q S) + P V' (the Q warps, whose acc holds e^G Q S).
-    if (!w_rows_) {
+    if (!w_rows) {
       const bf16* Prow = Ps + (mt - 4) * 16 * TP;
 #pragma unroll
       for (int kk = 0; kk < kChunk / 16; ++kk) {
@@ -192,81 +190,6 @@ __global__ void __launch_bounds__(ScanShape<DK, NT>::kThreads, 1)
         }
     }
 
-    } else {
-    // 1. [W; Q] S in 32x32 tiles (half the shared-memory reads of 16x32 tiles): warp w < kTileWarps
-    //    owns rows 32 (w % 4).. of [W; Q] and columns 32 (w / 4)..
-    float acc[2][4][4] = {};
-    const int rp = warp % 4, cb = (warp / 4) * 32;
-    const bool tile_warp = warp < L::kTileWarps, w_tile = rp < 2;
-    if (tile_warp) {
-      const bf16* X = (w_tile ? Ws : Qs) + (rp & 1) * 32 * RP;
-#pragma unroll
-      for (int kk = 0; kk < DK / 16; ++kk) {
-        uint32_t a[2][4];
-        load_a_bf16(a[0], X + kk * 16, RP, g, t);
-        load_a_bf16(a[1], X + 16 * RP + kk * 16, RP, g, t);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          uint32_t b[2];
-          load_b_bf16(b, St + (cb + nt * 8) * RP + kk * 16, RP, g, t);
-          mma_bf16(acc[0][nt], a[0], b);
-          mma_bf16(acc[1][nt], a[1], b);
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int r = (rp & 1) * 32 + m * 16 + g + 8 * half, cc = cb + nt * 8 + 2 * t;
-            float* pair = acc[m][nt] + 2 * half;
-            if (w_tile) {
-              const float2 u = *reinterpret_cast<const float2*>(Us + r * UP + cc);
-              const float v0 = u.x - pair[0], v1 = u.y - pair[1];
-              Vt[cc * TP + r] = __float2bfloat16_rn(v0);
-              Vt[(cc + 1) * TP + r] = __float2bfloat16_rn(v1);
-              Vtt[cc * TP + r] = __float2bfloat16_rn(tail[r] * v0);
-              Vtt[(cc + 1) * TP + r] = __float2bfloat16_rn(tail[r] * v1);
-            } else {
-              pair[0] *= eG[r];
-              pair[1] *= eG[r];
-            }
-          }
-    }
-    __syncthreads();  // V' is in
-
-    // 2a. O = e^G (Q S) + P V' (the Q tiles' warps, whose acc holds e^G Q S).
-    if (tile_warp && !w_tile) {
-      const int row_base = (rp - 2) * 32;
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk) {
-        uint32_t a[2][4];
-        load_a_bf16(a[0], Ps + row_base * TP + kk * 16, TP, g, t);
-        load_a_bf16(a[1], Ps + (row_base + 16) * TP + kk * 16, TP, g, t);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          uint32_t b[2];
-          load_b_bf16(b, Vt + (cb + nt * 8) * TP + kk * 16, TP, g, t);
-          mma_bf16(acc[0][nt], a[0], b);
-          mma_bf16(acc[1][nt], a[1], b);
-        }
-      }
-      const int64_t row0 = int64_t(seq.row_begin) + c * kChunk;
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int r = row_base + m * 16 + g + 8 * half;
-            if (r < len)
-              *reinterpret_cast<float2*>(args.out + (row0 + r) * args.out_stride + int64_t(h) * dv + col0 + cb +
-                                         nt * 8 + 2 * t) = make_float2(acc[m][nt][2 * half], acc[m][nt][2 * half + 1]);
-          }
-    }
-
-    }
     // 2b. S <- e^{G_last} S + Kᵀ (tail V'): rows 16 mt.. of S.
     if (owns_state) {
       const float chunk_decay = eG[len - 1];

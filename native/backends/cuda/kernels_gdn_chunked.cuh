@@ -7,10 +7,10 @@
 // once (kernels_gdn_chunk_prepare.cuh). What is left is sequential over chunks, per value head
 // and tile of state columns (kernels_gdn_chunk_scan.cuh):
 //   V' = U - W S,  O = e^G (Q S) + P V',  S <- e^{G_last} S + K^T (e^{G_last-G} V')
-// Same math as cpu::gated_delta_rule_chunked. The prepare kernel's K Kᵀ and Q Kᵀ run on tf32
-// tensor cores and its solve for W and U in fp32; the scan's products take bf16 operands (W, Q,
-// K, P, and the fp32 state and V' rounded) with fp32 accumulation, so that a chunk's operands
-// fit shared memory twice (the next chunk's copies overlap this chunk's work).
+// Same math as cpu::gated_delta_rule_chunked. The prepare kernel runs K Kᵀ, Q Kᵀ, W and U on
+// tf32 tensor cores and the blocked inverse T in 3xtf32 (~fp32); the scan's products take bf16
+// operands (W, Q, K, P, and the fp32 state and V' rounded) with fp32 accumulation, so that a
+// chunk's operands fit shared memory twice (the next chunk's copies overlap this chunk's work).
 #pragma once
 
 #include "backends/cuda/launchers_hybrid.h"

@@ -1,7 +1,6 @@
 // Launchers of the hybrid-model kernels (see launchers_hybrid.h).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -114,13 +113,6 @@ void allow_smem(Kernel kernel, size_t bytes) {
   NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// Experiment (settled by bench/bench_cuda_gdn.py, then removed): NINFER_GDN_PREPARE=value_head
-// runs a block per (value head, chunk) instead of per (key head, chunk).
-bool prepare_per_value_head() {
-  const char* v = std::getenv("NINFER_GDN_PREPARE");
-  return v && std::string(v) == "value_head";
-}
-
 template <int DK>
 void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs, int num_seqs, int chunks,
                  float* workspace, cudaStream_t stream) {
@@ -128,25 +120,12 @@ void prepare_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* 
   static size_t allowed = 0;  // the opt-in grows with value_dim
   if (smem > allowed) {
     allow_smem(kernels::gdn_chunk_prepare<DK>, smem);
-    allow_smem(kernels::gdn_chunk_prepare_by_key_head<DK>, smem);
     allowed = smem;
   }
-  if (prepare_per_value_head())
-    kernels::gdn_chunk_prepare<DK>
-        <<<dim3(static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(chunks)),
-           kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
-  else
-    kernels::gdn_chunk_prepare_by_key_head<DK>
-        <<<dim3(static_cast<unsigned int>(shape.key_heads), static_cast<unsigned int>(chunks)),
-           kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
+  kernels::gdn_chunk_prepare<DK>
+      <<<dim3(static_cast<unsigned int>(shape.key_heads), static_cast<unsigned int>(chunks)),
+         kernels::kPrepareThreads, smem, stream>>>(shape, args, seqs, num_seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
-}
-
-// Experiment (settled by bench/bench_cuda_gdn.py, then removed): NINFER_GDN_SCAN=narrow runs
-// the [W; Q] S and P V' products in 16x32 warp tiles instead of 32x32.
-bool scan_narrow_tiles() {
-  const char* v = std::getenv("NINFER_GDN_SCAN");
-  return v && std::string(v) == "narrow";
 }
 
 template <int DK, int NT>
@@ -154,15 +133,11 @@ void scan_for(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seq
               const float* workspace, cudaStream_t stream) {
   using Scan = kernels::ScanShape<DK, NT>;
   constexpr size_t kSmem = Scan::kBytes;
-  static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT, true>, kSmem),
-                                  allow_smem(kernels::gdn_chunk_scan<DK, NT, false>, kSmem), true);
+  static const bool configured = (allow_smem(kernels::gdn_chunk_scan<DK, NT>, kSmem), true);
   (void)configured;
   const dim3 grid(static_cast<unsigned int>(shape.value_dim / NT), static_cast<unsigned int>(shape.value_heads),
                   static_cast<unsigned int>(num_seqs));
-  if (scan_narrow_tiles())
-    kernels::gdn_chunk_scan<DK, NT, false><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
-  else
-    kernels::gdn_chunk_scan<DK, NT, true><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
+  kernels::gdn_chunk_scan<DK, NT><<<grid, Scan::kThreads, kSmem, stream>>>(shape, args, seqs, workspace);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
