@@ -5,6 +5,14 @@
 
 namespace ninfer {
 
+void MoeExperts::check(int64_t hidden) const {
+  if (num_experts <= 0 || ff <= 0 || top_k <= 0 || top_k > num_experts)
+    throw std::invalid_argument("moe_experts: need num_experts > 0, ff > 0 and top_k in [1, num_experts]");
+  if (gate_up.rows != num_experts * 2 * ff || gate_up.cols != hidden || down.rows != num_experts * hidden ||
+      down.cols != ff)
+    throw std::invalid_argument("moe_experts: stacked expert weights do not match [E·2ff, H] and [E·H, ff]");
+}
+
 Weight Backend::random_weight(int64_t, int64_t, uint64_t, float) {
   throw std::runtime_error("the " + name() + " backend cannot make random weights");
 }

@@ -129,6 +129,10 @@ struct MoeExperts {
   int64_t ff = 0;             // moe_intermediate_size
   int64_t top_k = 0;
   bool renormalize = true;    // divide the top-k probabilities by their sum
+
+  // Throws std::invalid_argument unless the counts are sane and the stacked weights have the
+  // shapes above for this hidden size (every backend's moe_experts checks this first).
+  void check(int64_t hidden) const;
 };
 
 class Backend {

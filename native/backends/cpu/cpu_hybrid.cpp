@@ -80,11 +80,7 @@ void CpuBackend::add_sigmoid_gated(float* y, const float* x, const float* gate_l
 void CpuBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, const float* router_logits,
                              const MoeExperts& experts, float* out) {
   const int64_t e_count = experts.num_experts, ff = experts.ff, top_k = experts.top_k;
-  if (e_count <= 0 || ff <= 0 || top_k <= 0 || top_k > e_count)
-    throw std::invalid_argument("moe_experts: need num_experts > 0, ff > 0 and top_k in [1, num_experts]");
-  if (experts.gate_up.rows != e_count * 2 * ff || experts.gate_up.cols != hidden ||
-      experts.down.rows != e_count * hidden || experts.down.cols != ff)
-    throw std::invalid_argument("moe_experts: stacked expert weights do not match [E·2ff, H] and [E·H, ff]");
+  experts.check(hidden);
   fill_zero(out, tokens * hidden);
   if (tokens <= 0) return;
   std::vector<int32_t> ids(static_cast<size_t>(tokens * top_k));
