@@ -233,9 +233,7 @@ void LlamaModel::forward(const BatchPlan& plan, float* logits) {
 }
 
 void LlamaModel::forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) {
-  if (static_cast<int64_t>(sampling.rows.size()) != plan.num_logit_rows())
-    throw std::invalid_argument("forward_sampled: " + std::to_string(sampling.rows.size()) +
-                                " sampling rows for " + std::to_string(plan.num_logit_rows()) + " logit rows");
+  check_sampling_rows(plan, sampling);
   const int64_t rows = enqueue_step(plan);
   if (rows == 0) return;
   backend_->sample_rows(logits_.data(), cfg_.vocab, sampling, ids);

@@ -79,6 +79,10 @@ class Model {
   virtual void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids);
   // Clears any per-lane state that is not in KV pages (recurrent state of hybrid models).
   virtual void reset_lane(int lane) {}
+
+ protected:
+  // forward_sampled's precondition: one sampling row per logit row (std::invalid_argument).
+  static void check_sampling_rows(const BatchPlan& plan, const SamplingBatch& sampling);
 };
 
 struct ModelOptions {

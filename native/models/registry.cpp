@@ -27,6 +27,12 @@ void Model::forward_sampled(const BatchPlan&, const SamplingBatch&, int32_t*) {
   throw std::logic_error("the " + info().architecture + " model does not sample on its device");
 }
 
+void Model::check_sampling_rows(const BatchPlan& plan, const SamplingBatch& sampling) {
+  if (static_cast<int64_t>(sampling.rows.size()) != plan.num_logit_rows())
+    throw std::invalid_argument("forward_sampled: " + std::to_string(sampling.rows.size()) + " sampling rows for " +
+                                std::to_string(plan.num_logit_rows()) + " logit rows");
+}
+
 std::unique_ptr<Model> load_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
   const std::string architecture = artifact.architecture();
   if (is_dense_llama_family(architecture)) return make_llama_model(artifact, kv, options);

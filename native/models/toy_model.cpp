@@ -95,8 +95,7 @@ void ToyModel::forward(const BatchPlan& plan, float* logits) {
 }
 
 void ToyModel::forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) {
-  if (static_cast<int64_t>(sampling.rows.size()) != plan.num_logit_rows())
-    throw std::invalid_argument("forward_sampled: one sampling row per logit row");
+  check_sampling_rows(plan, sampling);
   std::vector<float> logits(sampling.rows.size() * static_cast<size_t>(info_.vocab_size));
   forward(plan, logits.data());
   for (size_t r = 0; r < sampling.rows.size(); ++r)
