@@ -19,6 +19,7 @@ import asyncio
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 
 from ninfer.engine_types import (
@@ -101,6 +102,8 @@ class FakeHandle:
             raise EngineUnavailable("request was cancelled")
         self._has_lane = True
         self._engine.active += 1
+        self._engine.counts["prompt_tokens"] += len(self.request.prompt_ids)
+        self._engine.counts["tokens_prefilled"] += len(self.request.prompt_ids)
         self._admitted_at = time.perf_counter()
 
     def cancel(self) -> None:
@@ -174,6 +177,8 @@ class FakeHandle:
                     return
             keep = _longest_stop_prefix(held, stops)
             visible, held = held[: len(held) - keep], held[len(held) - keep :]
+            engine.counts["tokens_decoded"] += 1
+            engine.counts["decode_tokens"] += count > 1
             yield EngineEvent(self.request_id, [token], visible)
             await self._sleep(engine.token_delay)
 
@@ -193,6 +198,10 @@ class FakeHandle:
     ) -> EngineEvent:
         now = time.perf_counter()
         admitted = self._admitted_at or now
+        self._engine.counts[f"finished_{'cancelled' if reason == 'cancelled' else reason}"] += 1
+        if reason == "stop":  # the token that stopped (eos, or the end of a stop string) counts
+            self._engine.counts["tokens_decoded"] += 1
+            self._engine.counts["decode_tokens"] += count > 1
         return EngineEvent(
             self.request_id,
             [],
@@ -266,6 +275,17 @@ class FakeEngine:
         self.scripted: dict[str, str] = {}
         self._next_id = 0
         self._lanes_obj: asyncio.Semaphore | None = None
+        self.counts: Counter[str] = Counter()  # what the native engine's stats() counts
+
+    def stats(self) -> dict[str, int | bool]:
+        """The native engine's snapshot shape (the subset this fake can count)."""
+        return {
+            **self.counts,
+            "lanes": self.config.max_concurrency,
+            "running": self.active,
+            "pending": self.outstanding - self.active,
+            "healthy": self.healthy,
+        }
 
     @classmethod
     def open(cls, artifact_path: str, config: EngineConfig) -> FakeEngine:
@@ -288,6 +308,7 @@ class FakeEngine:
         if len(request.prompt_ids) > self.max_context:
             raise ContextLengthExceeded(len(request.prompt_ids), self.max_context)
         if self.outstanding >= self.config.max_concurrency + self.config.max_pending_requests:
+            self.counts["submits_refused"] += 1
             raise EngineOverloaded("capacity full")
         self.outstanding += 1
         self._next_id += 1
