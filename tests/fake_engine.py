@@ -85,6 +85,7 @@ class FakeHandle:
         self._wake = asyncio.Event()
         self._submitted = time.perf_counter()
         self._admitted_at: float | None = None
+        self._settled = False  # its outcome is counted (stats())
 
     async def admitted(self) -> None:
         if self._has_lane:
@@ -96,6 +97,8 @@ class FakeHandle:
             await asyncio.wait_for(self._engine._lanes.acquire(), timeout)
         except TimeoutError:
             self._release()
+            self._settled = True
+            self._engine.counts["queue_timeouts"] += 1
             raise QueueTimeout("no lane within the pending deadline") from None
         if self.cancelled:  # cancelled while waiting: give the lane straight back
             self._engine._lanes.release()
@@ -107,6 +110,9 @@ class FakeHandle:
         self._admitted_at = time.perf_counter()
 
     def cancel(self) -> None:
+        if not self._settled:  # the engine's count, whether or not anyone reads the end
+            self._settled = True
+            self._engine.counts["finished_cancelled"] += 1
         self.cancelled = True
         self._wake.set()
         self._release()
@@ -198,7 +204,9 @@ class FakeHandle:
     ) -> EngineEvent:
         now = time.perf_counter()
         admitted = self._admitted_at or now
-        self._engine.counts[f"finished_{'cancelled' if reason == 'cancelled' else reason}"] += 1
+        if not self._settled:
+            self._settled = True
+            self._engine.counts[f"finished_{reason}"] += 1
         if reason == "stop":  # the token that stopped (eos, or the end of a stop string) counts
             self._engine.counts["tokens_decoded"] += 1
             self._engine.counts["decode_tokens"] += count > 1

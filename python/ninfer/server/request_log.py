@@ -83,11 +83,10 @@ class RequestLog:
     def start(self, record: dict[str, Any]) -> None:
         """Writes `server_start`; it is copied verbatim at the head of every later file."""
         self._start_line = encode_record(record)
-        if self.max_bytes is not None and self._size >= self.max_bytes:
-            self._rotate()  # a file already at the limit is rotated before it is written
-            if self._size > 0:  # the rename failed: carry on in the old file
-                self._append(self._start_line)
-        else:
+        # A file already at the limit is rotated before it is written (and the new file
+        # starts with this record); if that fails, carry on in the old one.
+        at_limit = self.max_bytes is not None and self._size >= self.max_bytes
+        if not (at_limit and self._rotate()):
             self._append(self._start_line)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -103,7 +102,8 @@ class RequestLog:
         self._file.flush()
         self._size += len(line)
 
-    def _rotate(self) -> None:
+    def _rotate(self) -> bool:
+        """Starts a new file (beginning with server_start); False when renaming failed."""
         assert self.max_bytes is not None
         self._file.close()
         try:
@@ -119,12 +119,13 @@ class RequestLog:
             self._file = self._open()
             self._size = self._file.tell()
             self._rotate_at = self._size + self.max_bytes
-            return
+            return False
         self._file = self._open()
         self._size = self._file.tell()
         self._rotate_at = self.max_bytes
         if self._start_line is not None:
             self._append(self._start_line)
+        return True
 
     def _shift_files(self) -> None:
         if self.keep == 0:
