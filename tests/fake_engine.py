@@ -223,6 +223,7 @@ class FakeHandle:
                 queue_ms=(admitted - self._submitted) * 1000,
                 prompt_ms=(prompt_done - admitted) * 1000,
                 predicted_ms=(now - prompt_done) * 1000,
+                decode_share_ms=(now - prompt_done) * 1000,  # one stream: all its own
             ),
         )
 

@@ -36,14 +36,15 @@ def panel_wanted(flag: str, level: str, stream: TextIO | None = None) -> bool:
 def render_rows(
     session: SessionStats, gauges: tuple[int, int] | None, prompt: str | None = None
 ) -> list[str]:
-    """The panel as plain lines of at most WIDTH columns: title, header, rows, prompt."""
+    """The panel as plain lines: the title (request outcomes, and the current gauges while
+    throughput reporting is on), the header and rows (WIDTH columns), the bottom prompt."""
     title = (
-        f"session: {session.completed} completed, {session.failed} failed, "
+        f"{session.completed} done, {session.failed} failed, "
         f"{session.cancelled} cancelled, {session.rejected} rejected"
     )
     if gauges is not None:
         title += f" | {gauges[0]} running, {gauges[1]} waiting"
-    lines = [title[:WIDTH], _row([name for name, _ in _COLUMNS])]
+    lines = [title, _row([name for name, _ in _COLUMNS])]
     lines.append(_row(_cells(f"all {session.completed}", session.all_time)))
     recent = session.last_ten()
     if recent is not None:
