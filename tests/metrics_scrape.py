@@ -38,6 +38,14 @@ def scrape(base_url: str, api_key: str | None = None) -> Scrape:
     return Scrape(reply.text)
 
 
+def scrape_settled(base_url: str, before: Scrape, settled: int, api_key: str | None = None):
+    """A scrape once `settled` more requests were timed: the histograms are observed when a
+    request's answer has been sent, which may trail the client's receipt of it a little."""
+    name = "ninfer_request_duration_seconds_count"
+    wait_for(lambda: scrape(base_url, api_key).value(name) >= before.value(name) + settled)
+    return scrape(base_url, api_key)
+
+
 def wait_for(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from fake_engine import FakeEngine
-from metrics_scrape import Scrape, leave_stream_midway, scrape, wait_for
+from metrics_scrape import Scrape, leave_stream_midway, scrape, scrape_settled, wait_for
 from ninfer.engine_types import EngineConfig
 from ninfer.server.app import AppConfig
 from ninfer.server.request_log import RequestLog
@@ -94,7 +94,7 @@ def test_completed_requests_move_token_counters_and_histograms(server):
     before = now(server)
     first = chat(server, "hi", temperature=0).json()
     second = chat(server, "hello there", temperature=0, max_tokens=4).json()
-    after = now(server)
+    after = scrape_settled(server.base_url, before, 2, KEY)
     usages = [first["usage"], second["usage"]]
     prompt = sum(u["prompt_tokens"] for u in usages)
     completion = sum(u["completion_tokens"] for u in usages)
@@ -123,7 +123,7 @@ def test_failed_and_cancelled_outcomes(server):
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "long: x"}]}
     leave_stream_midway(server.port, body, {"x-api-key": KEY})
     wait_for(lambda: now(server).outcome("cancelled") == before.outcome("cancelled") + 1)
-    after = now(server)
+    after = scrape_settled(server.base_url, before, 1, KEY)
     assert after.outcome("failed") == before.outcome("failed") + 1
     assert after.outcome("completed") == before.outcome("completed")
     # Exceptional failures are counted, not timed; a cancellation is a settled outcome.
@@ -167,11 +167,19 @@ def test_scraping_does_not_reset_counters(server):
 
 def test_request_log_has_one_terminal_record_per_started_request(server):
     chat(server, "hi", temperature=0)
-    records = [json.loads(line) for line in open(server.log_path, encoding="utf-8")]
+
+    def read() -> list[dict]:
+        return [json.loads(line) for line in open(server.log_path, encoding="utf-8")]
+
+    def ids(records: list[dict], *events: str) -> list[int]:
+        return sorted(r["request_id"] for r in records if r["event"] in events)
+
+    # A terminal record is written once the answer has been sent, so it may trail it.
+    wait_for(lambda: len(ids(read(), "request_done", "request_error")) == len(
+        ids(read(), "request_start")))  # fmt: skip
+    records = read()
     assert all(r["server_instance_id"] == records[0]["server_instance_id"] for r in records)
-    starts = {r["request_id"] for r in records if r["event"] == "request_start"}
-    terminal = [r["request_id"] for r in records if r["event"] in ("request_done", "request_error")]
-    assert sorted(terminal) == sorted(starts)  # exactly one each
+    assert ids(records, "request_done", "request_error") == ids(records, "request_start")
     done = [r for r in records if r["event"] == "request_done"]
     assert done and all(r["timings_seconds"]["total"] >= r["timings_seconds"]["ttft"] for r in done)
     assert all(len(r["generated_token_ids"]) == r["completion_tokens"] for r in done)

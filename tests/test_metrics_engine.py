@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from metrics_scrape import leave_stream_midway, scrape, wait_for
+from metrics_scrape import leave_stream_midway, scrape, scrape_settled, wait_for
 from ninfer.engine_types import EngineConfig
 from server_harness import start_server
 
@@ -66,7 +66,7 @@ def test_engine_counters_match_the_usage_of_known_requests(server):
         chat(server, "one two three", temperature=0, max_tokens=6).json()["usage"],
         chat(server, "four", temperature=0, max_tokens=9).json()["usage"],
     ]
-    after = scrape(server.base_url)
+    after = scrape_settled(server.base_url, before, 2)
 
     def grew(name: str, **labels: str) -> float:
         return after.value(name, **labels) - before.value(name, **labels)

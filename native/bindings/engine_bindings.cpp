@@ -106,6 +106,8 @@ py::dict stats_dict(const EngineStats& s) {
   d["pending"] = s.pending;
   d["kv_pages_total"] = s.kv_pages_total;
   d["kv_pages_free"] = s.kv_pages_free;
+  d["state_slots_total"] = s.state_slots_total;
+  d["state_slots_used"] = s.state_slots_used;
   d["requests_admitted"] = s.requests_admitted;
   d["requests_finished"] = s.requests_finished;
   d["tokens_prefilled"] = s.tokens_prefilled;

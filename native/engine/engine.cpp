@@ -188,6 +188,11 @@ EngineStats Engine::stats() const {
     s.kv_pages_total = pool_->num_pages();
     s.kv_pages_free = pool_->free_pages();
   }
+  const ModelInfo& info = model_->info();
+  if (info.num_kv_layers < info.num_layers) {
+    s.state_slots_total = s.lanes;
+    s.state_slots_used = s.running;
+  }
   s.requests_admitted = requests_admitted_.load();
   s.requests_finished = requests_finished_.load();
   s.tokens_prefilled = tokens_prefilled_.load();

@@ -65,6 +65,9 @@ struct EngineStats {
   int32_t pending = 0;  // requests waiting for one
   int64_t kv_pages_total = 0;
   int64_t kv_pages_free = 0;
+  // Recurrent-state slots (hybrid models: one per lane; none for pure-attention models).
+  int32_t state_slots_total = 0;
+  int32_t state_slots_used = 0;
   uint64_t requests_admitted = 0;
   uint64_t requests_finished = 0;
   uint64_t tokens_prefilled = 0;

@@ -132,6 +132,16 @@ class _EngineCollector:
             total - int(stats.get("kv_pages_free", total)),
         )
         yield _gauge(
+            "ninfer_device_state_capacity_slots",
+            "Recurrent-state slots (hybrid models; 0 for pure attention)",
+            stats.get("state_slots_total", 0),
+        )
+        yield _gauge(
+            "ninfer_device_state_used_slots",
+            "Recurrent-state slots holding a request",
+            stats.get("state_slots_used", 0),
+        )
+        yield _gauge(
             "ninfer_engine_ready",
             "1 while the engine accepts work, 0 after an engine-wide failure",
             1 if _healthy(self._engine) else 0,
