@@ -197,6 +197,8 @@ class Telemetry:
             return  # it started: its terminal record is request_error
         if request.method != "POST" or _route_path(request.path) not in GENERATION_PATHS:
             return
+        if error.status == 401:
+            return  # not a request of this server's users: nothing was prepared
         self.session.rejected += 1
         self._changed()
         if self.request_log is None:
