@@ -72,6 +72,14 @@ def _row(cells: list[str]) -> str:
     return out
 
 
+class _CursorKeepingConsole(Console):
+    """Never hides the cursor: the process may leave at once (a third Ctrl+C, os._exit)
+    without the live display's cleanup, and must not leave the terminal without one."""
+
+    def show_cursor(self, show: bool = True) -> bool:
+        return False
+
+
 class StatsPanel:
     def __init__(
         self,
@@ -87,7 +95,7 @@ class StatsPanel:
         self._colours = colours
         self._show_gauges = show_gauges
         self._prompt: str | None = None
-        self._console = Console(
+        self._console = _CursorKeepingConsole(
             file=stream if stream is not None else sys.stderr,  # the real stream, not the proxy
             force_terminal=True,
             color_system="standard" if colours else None,
