@@ -46,6 +46,7 @@ class RequestLog:
         self.max_bytes = None if max_mib is None else max_mib << 20
         self._check_names(artifact)
         self._start_line: bytes | None = None
+        self._write_failed = False  # warned once until a write succeeds again
         self._file: BinaryIO = self._open()
         self._size = self._file.tell()
         self._rotate_at = self.max_bytes
@@ -90,9 +91,18 @@ class RequestLog:
             self._append(self._start_line)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._append(encode_record(record))
-        if self._rotate_at is not None and self._size >= self._rotate_at:
-            self._rotate()
+        """Appends one record. A write that fails (a full disk) is reported, never raised:
+        the request it describes has already been answered."""
+        try:
+            self._append(encode_record(record))
+            if self._rotate_at is not None and self._size >= self._rotate_at:
+                self._rotate()
+        except (OSError, ValueError, RequestLogError) as exc:
+            if not self._write_failed:
+                log.warning("cannot write the request log %s: %s", self.path, exc)
+            self._write_failed = True
+        else:
+            self._write_failed = False
 
     def close(self) -> None:
         self._file.close()
