@@ -73,3 +73,15 @@ def test_injected_failures_take_the_recovery_path():
         wait_events(engine, 0.01)
     finally:
         engine.shutdown()
+
+
+def test_submit_reports_the_seed_it_samples_with():
+    engine = make_engine(max_concurrency=1)
+    try:
+        given = engine.submit([1], 2, seed=1234, temperature=1.0)
+        drawn = [engine.submit([1], 2, temperature=1.0) for _ in range(2)]
+        assert given.seed == 1234
+        assert drawn[0].seed != drawn[1].seed  # fresh entropy for each request without one
+        collect(engine, [given.request_id] + [d.request_id for d in drawn])
+    finally:
+        engine.shutdown()

@@ -167,6 +167,7 @@ void bind_events(py::module_& m) {
       .def_readonly("message", &SubmitResult::message)
       .def_readonly("prompt_tokens", &SubmitResult::prompt_tokens)
       .def_readonly("max_context", &SubmitResult::max_context)
+      .def_readonly("seed", &SubmitResult::seed)
       .def("__repr__", [](const SubmitResult& r) {
         return "<SubmitResult " + std::string(status_name(r.status)) + " id=" + std::to_string(r.request_id) +
                (r.message.empty() ? "" : " " + r.message) + ">";

@@ -156,6 +156,7 @@ SubmitResult Engine::submit(GenerationParams params) {
   seq->submitted = now;
   if (options_.pending_timeout_ms > 0) seq->deadline = now + std::chrono::milliseconds(options_.pending_timeout_ms);
   result.request_id = seq->id;
+  result.seed = seed;
   live_.emplace(seq->id, seq);
   scheduler_.enqueue(std::move(seq));
   wake_.notify_one();

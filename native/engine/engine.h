@@ -57,6 +57,7 @@ struct SubmitResult {
   std::string message;
   int32_t prompt_tokens = 0;
   int32_t max_context = 0;
+  uint64_t seed = 0;  // the sampler's seed (the request's, or the one drawn for it)
 };
 
 struct EngineStats {

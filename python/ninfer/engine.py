@@ -98,6 +98,7 @@ class RequestHandle:
         self._finished = False  # the core reported the end (event queued or admission failed)
         self._consumed = False  # the consumer received the finished event
         self._cancel_sent = False
+        self.seed: int | None = None
 
     async def admitted(self) -> None:
         await self._admission.wait()
@@ -275,6 +276,7 @@ class AsyncEngine:
         if status == "unavailable":
             raise EngineUnavailable(result.message)
         handle = RequestHandle(self, result.request_id)
+        handle.seed = result.seed  # the sampler's seed, drawn by the core when none was given
         self._handles[result.request_id] = handle
         return handle
 

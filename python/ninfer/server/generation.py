@@ -49,7 +49,11 @@ async def run_generation(
         except ValueError as exc:  # the engine's verdict on this request's parameters
             raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
         if telemetry is not None:
-            handle = ObservedHandle(handle, telemetry.start(request, generation, shape), telemetry)
+            seed = getattr(handle, "seed", None)
+            if seed is None:  # the engine did not say: the request's own, if any
+                seed = generation.sampling.seed
+            record = telemetry.start(request, generation, shape, seed)
+            handle = ObservedHandle(handle, record, telemetry)
         watcher.on_disconnect(handle.cancel)
         final: EngineEvent | None = None
         try:

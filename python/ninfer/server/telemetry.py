@@ -150,6 +150,7 @@ class Telemetry:
         request: Any,
         generation: GenerationRequest,
         shape: dict[str, Any] | None,
+        seed: int | None = None,
     ) -> RequestRecord:
         now = time.perf_counter()
         record = RequestRecord(
@@ -170,7 +171,7 @@ class Telemetry:
                 prompt_tokens=record.prompt_tokens,
                 max_tokens=generation.max_tokens,
                 min_tokens=generation.min_tokens,
-                sampling=asdict(generation.sampling),
+                sampling=asdict(generation.sampling) | {"seed": seed},
                 ignore_eos=generation.ignore_eos,
                 stop_token_ids=list(generation.stop_token_ids),
                 stop_string_count=len(generation.stop_strings),
