@@ -111,8 +111,10 @@ class StatsPanel:
             transient=False,
         )
         self._task: asyncio.Task[None] | None = None
+        self._started = False
 
     def start(self) -> None:
+        self._started = True
         self._live.start(refresh=True)
         try:
             self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
@@ -120,11 +122,14 @@ class StatsPanel:
             self._task = None  # no loop: redrawn only on records and changes
 
     def stop(self) -> None:
+        if not self._started:
+            return  # stopped before the server was ready: nothing was drawn
         if self._task is not None:
             self._task.cancel()
             self._task = None
         self._prompt = None
         self.refresh()
+        self._started = False
         self._live.stop()
 
     def set_prompt(self, text: str | None) -> None:
@@ -133,7 +138,8 @@ class StatsPanel:
         self.refresh()
 
     def refresh(self) -> None:
-        self._live.update(self._renderable(), refresh=True)
+        if self._started:
+            self._live.update(self._renderable(), refresh=True)
 
     async def _refresh_loop(self) -> None:
         while True:
