@@ -136,6 +136,8 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
             preserve_thinking=args.preserve_thinking,
             reasoning_effort=args.reasoning_effort,
             tolerant_tool_calls=args.tolerant_tool_calls,
+            default_thinking_budget=args.default_thinking_budget,
+            thinking_budget_message=args.thinking_budget_message,
         )
         await engine.warmup()
         app = NInferApp(
@@ -145,6 +147,7 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
                 cors=args.cors,
                 max_request_mib=args.max_request_mib,
                 usage_chunk_choice=args.usage_chunk_choice,
+                token_count_capacity=args.max_concurrency + args.max_pending_requests,
             ),
             on_ready=lambda: _log_ready(served, config, args),
         )
