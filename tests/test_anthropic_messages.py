@@ -625,3 +625,51 @@ def test_claude_code_turn_replays(server, display):
     )
     assert counted.json()["input_tokens"] == len(server.engine.requests[-1].prompt_ids)
     assert start["usage"]["input_tokens"] == counted.json()["input_tokens"]
+
+
+def test_context_exhaustion_is_its_own_stop_reason(server, client):
+    messages = user("plain")
+    prompt = count(client, messages=messages, thinking=NO_THINKING)
+    server.engine.max_context = prompt + 5
+    try:
+        message = create(client, messages=messages, thinking=NO_THINKING, max_tokens=100)
+    finally:
+        server.engine.max_context = 32768
+    assert message.stop_reason == "model_context_window_exceeded"
+    assert message.content[0].text == "Just "
+
+
+def test_prefill_under_default_thinking_is_judged_by_the_server_default(client):
+    messages = [{"role": "user", "content": "plain"}, {"role": "assistant", "content": "So"}]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        create(client, messages=messages)  # this server thinks by default
+    assert info.value.body["error"]["code"] == "invalid_prompt"
+    assert info.value.body["error"]["param"] == "messages[1]"
+
+
+def test_token_counts_have_their_own_capacity(server, client):
+    gate = server.app.token_counts
+    gate.capacity, capacity = 0, gate.capacity
+    try:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            count(client, messages=user("hi"))
+    finally:
+        gate.capacity = capacity
+    assert info.value.status_code == 529
+    assert info.value.body["error"]["type"] == "overloaded_error"
+
+
+def test_engine_refusals_map_to_anthropic_categories():
+    from ninfer.engine_types import EngineOverloaded, EngineUnavailable, QueueTimeout
+    from ninfer.server.anthropic_errors import anthropic_error
+    from ninfer.server.errors import from_engine_error
+
+    expected = {
+        EngineOverloaded("full"): (529, "overloaded_error"),
+        QueueTimeout("late"): (504, "timeout_error"),
+        EngineUnavailable("gone"): (503, "api_error"),
+    }
+    for exc, (status, kind) in expected.items():
+        got_status, body = anthropic_error(from_engine_error(exc), "req_1")
+        assert (got_status, body["error"]["type"]) == (status, kind)
+        assert body["request_id"] == "req_1"

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.engine_types import GenerationRequest
-from ninfer.outputs.channels import ThinkingStart
 from ninfer.prompt.template_options import TemplateOptions
 from ninfer.protocols.anthropic_messages.cache_control import CacheBreakpoints
 from ninfer.protocols.anthropic_messages.history import lower_history, lower_system
@@ -149,11 +148,9 @@ def messages_conversation(request: MessagesRequest) -> MessagesConversation:
 
 def render_messages(served: ServedModel, lowered: MessagesConversation) -> RenderedPrompt:
     last = lowered.conversation.messages[-1]
-    if (
-        last.role == "assistant"
-        and served.markup.reasoning
-        and lowered.thinking.enabled is not False
-    ):
+    # An explicit request for thinking gets the protocol's wording; an unset one is judged by
+    # the prompt path against the server's defaults (--no-thinking allows a prefill).
+    if last.role == "assistant" and served.markup.reasoning and lowered.thinking.enabled:
         raise ApiError(
             400,
             "a final assistant message is a prefill that generation continues in place, which "
@@ -210,7 +207,3 @@ def _stop_sequences(stops: list[str] | None) -> list[str]:
         if not stop:
             raise invalid("stop sequences must not be empty", f"stop_sequences[{i}]")
     return list(stops or [])
-
-
-def thinking_starts(prompt: RenderedPrompt) -> bool:
-    return prompt.decoder.thinking is not ThinkingStart.CLOSED
