@@ -184,7 +184,13 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
         served.max_context,
         config.prefill_chunk,
     )
-    log.info("ready: serving http://%s:%d/v1 (OpenAI base URL)", args.host, args.port)
+    log.info(
+        "ready: serving http://%s:%d/v1 (OpenAI base URL), http://%s:%d (Anthropic base URL)",
+        args.host,
+        args.port,
+        args.host,
+        args.port,
+    )
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ninfer-serve",
         usage="ninfer-serve [MODEL] [options]",
-        description="Serve one model over OpenAI-compatible HTTP (Chat Completions).",
+        description="Serve one model over OpenAI- and Anthropic-compatible HTTP.",
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="With no MODEL, the embedded SmolLM2-135M-Instruct is converted once into "
