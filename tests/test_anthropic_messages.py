@@ -362,6 +362,23 @@ BAD_REQUESTS = {
     "no messages": ({"messages": []}, "messages", None),
     "unknown role": ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", None),
     "temperature": ({"extra_body": {"temperature": 1.5}}, "temperature", None),
+    "block type not a string": (
+        {"messages": [{"role": "user", "content": [{"type": {"text": "x"}}]}]},
+        "messages[0].content[0].type",
+        None,
+    ),
+    "tool_result part type": (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": [[]]}],
+                }
+            ]
+        },
+        "messages[0].content[0].content[0]",
+        "invalid_type",
+    ),
     "empty stop": ({"stop_sequences": [""]}, "stop_sequences[0]", None),
     "document block": (
         {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
@@ -530,14 +547,18 @@ def test_authentication(server):
 
 def test_doubled_prefix_and_query_string(server):
     body = {"model": "m", "messages": user("plain"), "max_tokens": 20, "thinking": NO_THINKING}
+    headers = {"x-api-key": KEY}
     for path in ("/v1/v1/messages?beta=true", "/v1/messages?beta=true"):
-        reply = httpx.post(server.base_url + path, json=body, headers={"x-api-key": KEY})
+        reply = httpx.post(server.base_url + path, json=body, headers=headers)
         assert reply.status_code == 200, reply.text
         assert reply.headers["request-id"].startswith("req_")
+    missing = httpx.post(server.base_url + "/v1/messages/batches", json={}, headers=headers)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "not_found_error"
     reply = httpx.post(
         server.base_url + "/v1/v1/messages/count_tokens?beta=true",
         json=body,
-        headers={"x-api-key": KEY},
+        headers=headers,
     )
     assert reply.json()["input_tokens"] > 0
 

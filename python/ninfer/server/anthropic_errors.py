@@ -12,7 +12,7 @@ from typing import Any
 
 from ninfer.server.errors import ApiError
 
-ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+ANTHROPIC_ROOT = "/v1/messages"
 _DOUBLED_PREFIX = "/v1/v1/"
 _TYPES = {
     400: "invalid_request_error",
@@ -31,7 +31,9 @@ _STATUS_BY_CODE = {"server_overloaded": 529, "request_queue_timeout": 504}
 def is_anthropic_path(path: str) -> bool:
     if path.startswith(_DOUBLED_PREFIX):
         path = path[len("/v1") :]
-    return path in ANTHROPIC_PATHS
+    # Every path under /v1/messages, so an Anthropic SDK calling an endpoint this server
+    # lacks (message batches) still gets an error it can parse.
+    return path == ANTHROPIC_ROOT or path.startswith(ANTHROPIC_ROOT + "/")
 
 
 def anthropic_error(error: ApiError, request_id: str) -> tuple[int, dict[str, Any]]:

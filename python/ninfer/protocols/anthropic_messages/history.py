@@ -83,13 +83,14 @@ def lower_system(
 
 
 def _is_billing_header(block: Any) -> bool:
-    text = block.get("text") if isinstance(block, dict) else None
-    return block.get("type") == "text" and isinstance(text, str) and text.startswith(BILLING_HEADER)
+    if not isinstance(block, dict) or block.get("type") != "text":
+        return False
+    text = block.get("text")
+    return isinstance(text, str) and text.startswith(BILLING_HEADER)
 
 
 def _system_text(block: _Block, cache: CacheBreakpoints) -> str:
-    if not isinstance(block.body, dict):
-        raise invalid("a System block must be an object", block.where, "invalid_type")
+    _check_object(block)
     if block.type != "text":
         raise invalid(
             f"System blocks must be text blocks, got {block.type!r}", f"{block.where}.type"
@@ -199,6 +200,8 @@ def _system_turn(turn: _Turn, cache: CacheBreakpoints) -> PromptMessage:
 def _check_object(block: _Block) -> None:
     if not isinstance(block.body, dict):
         raise invalid("a content block must be an object", block.where, "invalid_type")
+    if not isinstance(block.type, str):
+        raise invalid("a content block needs a string `type`", f"{block.where}.type")
 
 
 def _assistant_turn(turn: _Turn, cache: CacheBreakpoints) -> PromptMessage:
