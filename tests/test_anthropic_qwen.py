@@ -9,8 +9,11 @@ the reasoning back into the prompt.
 from __future__ import annotations
 
 import base64
+import json
+from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -44,6 +47,9 @@ CONFIG = dict(
 DEFAULT_BUDGET = 12
 GREEDY = {"temperature": 0}
 GUIDANCE = QWEN_GUIDANCE.strip("\n")
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "agents"
+if not FIXTURES.is_dir():
+    FIXTURES = Path("/work/shared/fixtures/agents")
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +176,25 @@ def test_count_tokens_matches_usage_and_drops_the_billing_header(claude):
     assert counted == plain
     reply = claude.messages.create(model="label", max_tokens=3, system=system, **fields)
     assert reply.usage.input_tokens == counted
+
+
+def test_claude_code_request_on_the_real_tokenizer(server):
+    fixture = json.loads((FIXTURES / "claude-code-turn3-write-bash.json").read_text())
+    body = {**fixture["body"], "max_tokens": 64}
+    body["thinking"] = {**body["thinking"], "display": "omitted"}
+    path = fixture["endpoint"].split(" ", 1)[1]
+    names = []
+    with httpx.stream(
+        "POST", server.base_url + path, json=body, headers=fixture["headers"], timeout=60
+    ) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if line.startswith("event: "):
+                names.append(line[len("event: ") :])
+            elif line.startswith("data: ") and names[-1] == "message_start":
+                start = json.loads(line[len("data: ") :])["message"]
+    assert names[0] == "message_start" and names[-1] == "message_stop"
+    counted = httpx.post(
+        server.base_url + "/v1/messages/count_tokens", json=body, headers=fixture["headers"]
+    ).json()["input_tokens"]
+    assert start["usage"]["input_tokens"] == counted
