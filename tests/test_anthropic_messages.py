@@ -331,6 +331,12 @@ def test_tool_results_are_matched_by_id_and_rendered_in_call_order(server, clien
     assert "<tool_response>\nError: noon\n</tool_response>" in last_prompt(server)
 
 
+def test_input_examples_are_shown_with_the_tool(server, client):
+    example = {"city": "Oslo", "days": 2}
+    create(client, "plain", thinking=NO_THINKING, tools=[{**WEATHER, "input_examples": [example]}])
+    assert '"input_examples": [{"city": "Oslo", "days": 2}]' in last_prompt(server)
+
+
 def test_deferred_tools_and_tool_references_keep_the_client_working(server, client):
     deferred = {**WEATHER, "defer_loading": True}
     reference = {"type": "tool_reference", "tool_name": "get_weather"}

@@ -1,6 +1,7 @@
 """Messages `tools` and `tool_choice` -> ToolDefinitions, callable names, the call limit.
 
-User-defined tools only: Anthropic-provided tools (bash, text editor, computer use, web
+User-defined tools only (their `input_examples` are rendered with the declaration, so the
+model sees them): Anthropic-provided tools (bash, text editor, computer use, web
 search/fetch, code execution, memory, tool search), MCP toolsets and tools that exclude
 direct model calls are refused by name. `defer_loading` tools are rendered as ordinary tools:
 this server has no tool search, and Claude Code marks some tools that way.
@@ -77,7 +78,11 @@ def _tool(tool: dict[str, Any], where: str) -> ToolDefinition:
             f"{where}.allowed_callers", "tools the model may not call directly need code execution"
         )
     return ToolDefinition(
-        name=name, description=description, parameters=schema, strict=bool(strict)
+        name=name,
+        description=description,
+        parameters=schema,
+        strict=bool(strict),
+        input_examples=examples or None,
     )
 
 
