@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.protocols.served_model import ServedModel
+from ninfer.server.anthropic_errors import anthropic_error, is_anthropic_path
+from ninfer.server.anthropic_messages import TokenCountGate, count_tokens, messages
 from ninfer.server.chat_completions import chat_completions
 from ninfer.server.completions import completions
 from ninfer.server.config import AppConfig
@@ -86,6 +88,14 @@ async def _completions(app: NInferApp, request: HttpRequest, params: dict[str, s
     await completions(request, app.served, app.config, app.inflight)
 
 
+async def _messages(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await messages(request, app.served, app.config, app.inflight)
+
+
+async def _count_tokens(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await count_tokens(request, app.served, app.config, app.token_counts)
+
+
 async def _tokenize(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
     await tokenize(request, app.served, app.config)
 
@@ -105,6 +115,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/models/{model_id}", _get_model),
     Route("POST", "/v1/chat/completions", _chat),
     Route("POST", "/v1/completions", _completions),
+    Route("POST", "/v1/messages", _messages),
+    Route("POST", "/v1/messages/count_tokens", _count_tokens),
     Route("POST", "/tokenize", _tokenize),
     Route("POST", "/detokenize", _detokenize),
     Route("GET", "/version", _version),
@@ -130,6 +142,7 @@ class NInferApp:
         if self.telemetry.metrics is None:
             self.telemetry.metrics = self.metrics
         self.inflight = InflightRequests(self.telemetry)
+        self.token_counts = TokenCountGate(config.token_count_capacity)
         self.ready = False  # set once Granian listens and the lifespan startup ran
 
     def begin_shutdown(self) -> None:
@@ -248,7 +261,9 @@ class NInferApp:
             )
 
     def _common_headers(self, request_id: str, scope: dict[str, Any]) -> list[tuple[bytes, bytes]]:
-        headers = [(b"x-request-id", request_id.encode())]
+        # Anthropic routes carry Anthropic's `request-id`; every other route `x-request-id`.
+        id_header = b"request-id" if is_anthropic_path(scope.get("path", "")) else b"x-request-id"
+        headers = [(id_header, request_id.encode())]
         if self.config.cors:
             requested = b"*"
             for key, value in scope.get("headers", []):
@@ -258,7 +273,7 @@ class NInferApp:
                 (b"access-control-allow-origin", b"*"),
                 (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
                 (b"access-control-allow-headers", requested),
-                (b"access-control-expose-headers", b"x-request-id"),
+                (b"access-control-expose-headers", id_header),
                 (b"access-control-max-age", b"86400"),
             ]
         return headers
@@ -285,4 +300,7 @@ class NInferApp:
         self.telemetry.rejected(request, error)
         if request.response_started:
             return  # a stream reports its own failures; nothing more can be said here
+        if is_anthropic_path(request.path):
+            await request.send_json(*anthropic_error(error, request.request_id))
+            return
         await request.send_json(error.status, error.body())

@@ -15,6 +15,7 @@ class AppConfig:
     keep_alive_s: float = KEEP_ALIVE_SECONDS  # SSE comment after this much silence
     usage_chunk_choice: bool = False  # a zero-delta choice on the streamed usage chunk
     backend: str = ""  # the engine's device, for ninfer_model_info
+    token_count_capacity: int = 17  # token counts at once (max_concurrency + max_pending)
 
     @property
     def max_request_bytes(self) -> int:

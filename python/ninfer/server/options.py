@@ -37,8 +37,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--ngram-archive-mib", True, "n-gram drafting"),
     ("--ngram-session-mib", True, "n-gram drafting"),
     ("--ngram-native-sessions", False, "n-gram drafting"),
-    ("--default-thinking-budget", True, "thinking budgets"),
-    ("--thinking-budget-message", True, "thinking budgets"),
     ("--vision", False, "vision input"),
     ("--vision-offload", True, "vision input"),
     ("--vision-max-merged", True, "vision input"),
@@ -101,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ninfer-serve",
         usage="ninfer-serve [MODEL] [options]",
-        description="Serve one model over OpenAI-compatible HTTP (Chat Completions).",
+        description="Serve one model over OpenAI- and Anthropic-compatible HTTP.",
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="With no MODEL, the embedded SmolLM2-135M-Instruct is converted once into "
@@ -214,6 +212,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVEL",
         help="default reasoning_effort for requests that give none; none = thinking off "
         "(default: the template's own)",
+    )
+    gen.add_argument(
+        "--default-thinking-budget",
+        type=_int_range(1),
+        metavar="N",
+        help="thinking-token cap for requests that start in thinking mode; at the cap the "
+        "early-close guidance and </think> are committed and the answer follows "
+        "(default: unset)",
+    )
+    gen.add_argument(
+        "--thinking-budget-message",
+        metavar="S",
+        help="text committed when a thinking budget ends thinking, instead of Qwen's "
+        "early-close guidance; </think> is appended when S lacks it (default: Qwen's guidance)",
     )
     gen.add_argument(
         "--tolerant-tool-calls",
