@@ -33,6 +33,7 @@ from ninfer.server.errors import ApiError, from_decode_error, from_engine_error
 from ninfer.server.generation import (
     no_final_event,
     raise_if_failed,
+    report_turn,
     run_generation,
     wait_for_lane,
 )
@@ -124,6 +125,7 @@ async def _aggregate(
             raise_if_failed(event)
             _, result = turn.finish(event)
             results.append(result)
+            report_turn(handle, result)
             await request.send_json(200, renderer.aggregate(result))
             return event
     raise no_final_event()
@@ -164,6 +166,7 @@ async def _stream(
                     raise_if_failed(event)
                     tail, result = turn.finish(event)
                     results.append(result)
+                    report_turn(handle, result)
                     await send(blocks.finish(tail, result) + renderer.message_end(result))
                     await sse.close()
                     return event
@@ -198,10 +201,10 @@ def _log_done(
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     if final is None or result is None or disconnected:
         outcome = "client disconnected" if disconnected else "failed"
-        log.info("%s messages %s after %.0f ms", request.request_id, outcome, elapsed_ms)
+        log.debug("%s messages %s after %.0f ms", request.request_id, outcome, elapsed_ms)
         return
     report = result.report.as_dict() if result.report is not None else None
-    log.info(
+    log.debug(  # the request's info record is the telemetry's req#N line
         "%s messages done: prompt %d, completion %d (thinking %d), finish %s, tool calls %d, "
         "thinking budget %s, %s, %.0f ms%s",
         request.request_id,
