@@ -145,6 +145,8 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
                 cors=args.cors,
                 max_request_mib=args.max_request_mib,
                 usage_chunk_choice=args.usage_chunk_choice,
+                response_store_max_records=args.response_store_max_records,
+                response_store_max_mib=args.response_store_max_mib,
             ),
             on_ready=lambda: _log_ready(served, config, args),
         )
