@@ -243,7 +243,7 @@ def _check_create_options(request: CreateRequest) -> None:
     _check_metadata(request.metadata)
 
 
-def _check_metadata(metadata: dict[str, str] | None) -> None:
+def _check_metadata(metadata: dict[str, Any] | None) -> None:
     if metadata is None:
         return
     if len(metadata) > MAX_METADATA_PAIRS:
@@ -253,6 +253,10 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
         )
     for key, value in metadata.items():
         shown = key.encode("ascii", "backslashreplace").decode()[:64]
+        if not isinstance(value, str):
+            raise invalid(
+                f"metadata value of `{shown}` must be a string", f"metadata.{key}", "invalid_type"
+            )
         if len(key) > MAX_METADATA_KEY:
             raise invalid(
                 f"metadata key `{shown}...` has {len(key)} characters; at most "

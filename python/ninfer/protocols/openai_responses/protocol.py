@@ -69,7 +69,7 @@ class CreateRequest(PromptFields, kw_only=True, forbid_unknown_fields=True):
     store: bool | None = None
     temperature: Temperature | None = None
     top_p: UnitFloat | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, Any] | None = None  # string values, checked in lowering.py
     client_metadata: dict[str, Any] | None = None  # Codex tracing; no generation effect
     max_tool_calls: NonNegativeInt | None = None
     top_logprobs: int | None = None
