@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import json
+import random
+
 import httpx
 import openai
 import pytest
@@ -316,3 +320,48 @@ def test_resource_errors(server):
             param,
         )
     assert httpx.put(base).status_code == 405
+
+
+FUZZ_VALID = {
+    "model": MODEL,
+    "instructions": "Be brief.",
+    "input": [
+        {"type": "message", "id": "msg_1", "role": "developer", "content": "rules"},
+        {"role": "user", "content": [{"type": "input_text", "text": "weather"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+        {**CALL, "namespace": "ns"},
+        {**result("call_a"), "output": [{"type": "input_text", "text": "sunny"}]},
+        {"role": "user", "content": "again"},
+    ],
+    "tools": [
+        WEATHER_TOOL,
+        {"type": "namespace", "name": "ns", "tools": [WEATHER_TOOL]},
+        {"type": "custom", "name": "apply_patch"},
+        {"type": "web_search"},
+    ],
+    "tool_choice": {"type": "function", "name": "get_weather", "namespace": "ns"},
+    "reasoning": {"effort": "low", "summary": "auto"},
+    "include": ["reasoning.encrypted_content"],
+    "metadata": {"a": "b"},
+    "max_output_tokens": 8,
+    "temperature": 0.5,
+    "store": True,
+}
+
+
+def test_random_damage_never_yields_a_server_error(server):
+    from test_server_fuzz import mutate
+
+    assert post(server, FUZZ_VALID).status_code == 200, post(server, FUZZ_VALID).text
+    rng = random.Random(20261201)
+    with httpx.Client(timeout=10) as client:
+        for _ in range(300):
+            body = mutate(rng, copy.deepcopy(FUZZ_VALID))
+            for _ in range(rng.randint(0, 2)):
+                body = mutate(rng, body)
+            reply = client.post(server.base_url + "/v1/responses", content=json.dumps(body))
+            assert reply.status_code < 500, (body, reply.text)
+            if reply.status_code != 200:
+                error = reply.json()["error"]
+                assert error["message"] and error["code"], (body, error)
