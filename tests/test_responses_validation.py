@@ -140,6 +140,11 @@ CASES = [
     ({"input": ["hi"]}, "invalid_type", "input[0]"),
     ({"input": [{"type": "teleport"}]}, "invalid_value", "input[0].type"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "unsupported_parameter", "input[0].type"),
+    (
+        {"input": [USER, {"type": "compaction_trigger"}]},
+        "compaction_not_supported",
+        "input[1].type",
+    ),
     ({"input": [{"role": "tool", "content": "x"}]}, "invalid_value", "input[0].role"),
     ({"input": [{"role": "user"}]}, "missing_required_parameter", "input[0].content"),
     ({"input": [{"role": "user", "content": 3}]}, "invalid_type", "input[0].content"),

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs
 
 from ninfer.engine_types import EngineEvent
 from ninfer.outputs.channels import ChannelDelta
+from ninfer.protocols.openai_responses.items import compaction_not_supported
 from ninfer.protocols.openai_responses.lowering import LoweredResponse, lower_create, prepare_prompt
 from ninfer.protocols.openai_responses.protocol import decode_create, decode_input_tokens
 from ninfer.protocols.openai_responses.render import OutputStream, ResponseBuilder
@@ -279,11 +280,7 @@ async def cancel_response(request: HttpRequest, store: ResponseStore, response_i
 
 async def compact_response(request: HttpRequest, config: AppConfig) -> None:
     await request.read_body(config.max_request_bytes)
-    raise ApiError(
-        400,
-        "remote compaction is not available on this server; compact the conversation client-side",
-        code="compaction_not_supported",
-    )
+    raise compaction_not_supported()
 
 
 async def count_input_tokens(

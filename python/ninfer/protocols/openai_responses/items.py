@@ -54,13 +54,25 @@ _UNSUPPORTED_ITEMS = (
     "mcp_list_tools",
     "mcp_approval_request",
     "mcp_approval_response",
-    "compaction",
 )
+# Remote compaction (Codex's built-in OpenAI provider) asks for it with a trigger Item and
+# replays the opaque `compaction` Item it got back; neither exists here.
+_COMPACTION_ITEMS = ("compaction_trigger", "compaction")
 _PARTIAL_STATUSES = ("in_progress", "incomplete")
 
 
 def new_item_id(kind: str) -> str:
     return f"{_ID_PREFIX.get(kind, 'item')}_{secrets.token_hex(16)}"
+
+
+def compaction_not_supported(param: str | None = None) -> ApiError:
+    return ApiError(
+        400,
+        "remote compaction is not available on this server; compact the conversation "
+        'client-side (Codex does so with a custom model provider, wire_api = "responses")',
+        code="compaction_not_supported",
+        param=param,
+    )
 
 
 # ---- validation ----------------------------------------------------------------------
@@ -110,6 +122,8 @@ def _normalize_item(item: Any, where: str) -> dict[str, Any]:
         normalized = _normalize_call(item, kind, where)
     elif kind in ("function_call_output", "custom_tool_call_output"):
         normalized = _normalize_result(item, kind, where)
+    elif kind in _COMPACTION_ITEMS:
+        raise compaction_not_supported(f"{where}.type")
     elif kind in _UNSUPPORTED_ITEMS:
         raise unsupported(f"{where}.type", f"`{kind}` Items are not served by this server")
     elif isinstance(kind, str):
