@@ -181,6 +181,43 @@ def test_custom_tool_with_grammar_is_a_one_string_function(server):
     assert "<parameter=input>\n*** Begin Patch\n*** End Patch\n</parameter>" in last_prompt(server)
 
 
+def test_history_grouping_and_result_order(server):
+    calls = [
+        {"type": "function_call", "call_id": f"call_{c}", "name": "get_weather",
+         "arguments": json.dumps({"city": c})}
+        for c in ("Paris", "Rome")
+    ]  # fmt: skip
+    history = [
+        {"role": "user", "content": "two cities"},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Two places."}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Checking "}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "both."}]},
+        *calls,
+        {"type": "function_call_output", "call_id": "call_Rome", "output": "rainy"},
+        {"type": "function_call_output", "call_id": "call_Paris",
+         "output": [{"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Only thought."}]},
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "summary?"},
+    ]  # fmt: skip
+    reply = post(server, {"model": MODEL, "input": history, "tools": [WEATHER_TOOL]})
+    assert reply.status_code == 200, reply.text
+    prompt = last_prompt(server)
+    turn = (
+        "<|im_start|>assistant\nChecking both.\n\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+        "<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n"
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>"
+        "\n<tool_response>\nrainy\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        "<|im_end|>\n<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nsummary?"
+    )
+    assert turn in prompt  # earlier reasoning is dropped by the template, its turn kept
+    items = httpx.get(f"{server.base_url}/v1/responses/{reply.json()['id']}/input_items").json()
+    assert [i["type"] for i in reversed(items["data"])] == [
+        h.get("type", "message") for h in history
+    ]
+
+
 def test_hosted_tools_are_left_out_with_one_warning(server, caplog):
     caplog.set_level(logging.WARNING, logger="ninfer.server")
     tools = [WEATHER_TOOL, {"type": "web_search", "external_web_access": False}]
@@ -248,9 +285,8 @@ def test_sse_lifecycle_and_deltas_equal_terminal_items(server):
     for d in data:
         if "output_index" in d and "item_id" in d:
             assert final["output"][d["output_index"]]["id"] == d["item_id"]
-    # ordinary text streamed before the held tool region resolved
-    first_text = kinds.index("response.output_text.delta")
-    assert first_text < kinds.index("response.function_call_arguments.delta")
+    # answer text streamed token by token while tools were active, not held to the end
+    assert len(by["response.output_text.delta"]) == len("Checking.")
 
 
 def test_sse_incomplete_and_no_summary_events(server):
