@@ -88,6 +88,18 @@ CASES = [
     ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "invalid_value", "tools[1].name"),
     ({"tools": ["get_weather"]}, "invalid_type", "tools[0]"),
     ({"tools": [{"type": "teleport"}]}, "invalid_value", "tools[0].type"),
+    ({"tools": [{"type": ["function"]}]}, "invalid_value", "tools[0].type"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": {}}}, "invalid_value", "tool_choice"),
+    (
+        {
+            "tools": [WEATHER_TOOL],
+            "tool_choice": {"type": "allowed_tools", "tools": [{"type": []}]},
+        },
+        "invalid_value",
+        "tool_choice.tools[0].type",
+    ),
+    ({"input": [{"type": {"x": 1}}]}, "invalid_value", "input[0].type"),
+    ({"input": [{"role": ["user"], "content": "x"}]}, "invalid_value", "input[0].role"),
     ({"tools": [{**WEATHER_TOOL, "parameters": []}]}, "invalid_value", "tools[0].parameters"),
     ({"tools": [{**WEATHER_TOOL, "strict": "yes"}]}, "invalid_type", "tools[0].strict"),
     ({"tools": [{"type": "namespace", "name": "ns"}]}, "invalid_value", "tools[0].tools"),

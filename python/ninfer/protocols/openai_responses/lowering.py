@@ -8,7 +8,7 @@ create would send. Instructions become a leading developer turn for this request
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ninfer.engine_types import GenerationRequest
@@ -49,7 +49,6 @@ class LoweredResponse:
     store: bool
     summary: str | None  # reasoning.summary as requested; a string asks for the placeholder
     include_encrypted: bool
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prompt(self) -> RenderedPrompt:

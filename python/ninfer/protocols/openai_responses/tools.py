@@ -23,24 +23,22 @@ from ninfer.server.errors import invalid, unsupported
 log = logging.getLogger("ninfer.server")
 
 NAMESPACE_SEPARATOR = "__"
-HOSTED_TOOL_TYPES = frozenset(
-    {
-        "web_search",
-        "web_search_preview",
-        "web_search_preview_2025_03_11",
-        "web_search_2025_08_26",
-        "file_search",
-        "code_interpreter",
-        "computer_use_preview",
-        "computer",
-        "image_generation",
-        "mcp",
-        "local_shell",
-        "shell",
-        "apply_patch",
-        "tool_search",
-    }
-)
+HOSTED_TOOL_TYPES = (
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "web_search_2025_08_26",
+    "file_search",
+    "code_interpreter",
+    "computer_use_preview",
+    "computer",
+    "image_generation",
+    "mcp",
+    "local_shell",
+    "shell",
+    "apply_patch",
+    "tool_search",
+)  # a tuple, not a set: membership must not hash whatever JSON `type` holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +94,9 @@ def parse_tools(tools: list[Any] | None, request_id: str = "-") -> ResponseTools
     return parsed
 
 
-def _add(parsed: ResponseTools, definition: ToolDefinition, namespace: str | None, where: str):
+def _add(
+    parsed: ResponseTools, definition: ToolDefinition, namespace: str | None, where: str
+) -> None:
     identity = ToolIdentity(definition.name, namespace, definition.custom)
     definition.name = parsed.internal_name(definition.name, namespace)
     if definition.name in parsed.identities:
