@@ -382,3 +382,20 @@ def test_random_damage_never_yields_a_server_error(server):
             if reply.status_code != 200:
                 error = reply.json()["error"]
                 assert error["message"] and error["code"], (body, error)
+
+
+@pytest.mark.parametrize(
+    ("patch", "shown"),
+    [
+        ({"service_tier": "flex"}, "`flex`"),
+        ({"include": ["message.output_text.logprobs"]}, "`message.output_text.logprobs`"),
+        ({"text": {"verbosity": "high"}}, "`high`"),
+        ({"tools": [{"type": "telep\u00f6rt"}]}, "`telep\\xf6rt`"),
+        ({"metadata": {"k": "v" * 600}}, "600 characters"),
+        ({"tools": [{"type": "mcp"}], "tool_choice": {"type": "mcp"}}, "`mcp`"),
+    ],
+)
+def test_rejections_name_the_value(server, patch, shown):
+    reply = post(server, {**BASE, **patch})
+    assert reply.status_code == 400
+    assert shown in reply.json()["error"]["message"]

@@ -196,17 +196,24 @@ def _check_prompt_options(request: PromptFields) -> None:
                 )
             if kind != "text":
                 raise invalid(
-                    "`text.format.type` must be text, json_object or json_schema",
+                    "`text.format.type` must be text, json_object or json_schema, not "
+                    f"`{_show(str(kind))}`",
                     "text.format.type",
                 )
         if text.verbosity not in (None, "medium"):
-            raise unsupported("text.verbosity", "output verbosity cannot be steered (only medium)")
+            raise unsupported(
+                "text.verbosity",
+                f"`{_show(text.verbosity)}` asked; verbosity cannot be steered (only medium)",
+            )
     if request.truncation not in (None, "disabled"):
         if request.truncation == "auto":
             raise unsupported(
                 "truncation", "Items are never dropped; an overlong input fails instead"
             )
-        raise invalid("`truncation` must be `disabled` or `auto`", "truncation")
+        raise invalid(
+            f"`truncation` must be `disabled` or `auto`, not `{_show(request.truncation)}`",
+            "truncation",
+        )
 
 
 def _check_create_options(request: CreateRequest) -> None:
@@ -220,15 +227,20 @@ def _check_create_options(request: CreateRequest) -> None:
     if request.background:
         raise unsupported("background", "background execution is not available")
     if request.service_tier not in (None, "auto", "default"):
-        raise unsupported("service_tier", "there is one service tier here (`default`)")
+        raise unsupported(
+            "service_tier",
+            f"`{_show(request.service_tier)}` asked; there is one service tier here (`default`)",
+        )
     if request.top_logprobs not in (None, 0):
-        raise unsupported("top_logprobs", "log probabilities are not reported by this build")
+        raise unsupported(
+            "top_logprobs",
+            f"{request.top_logprobs} asked; log probabilities are not reported by this build",
+        )
     for i, value in enumerate(request.include or []):
         if value != ENCRYPTED_REASONING:
-            shown = value.encode("ascii", "backslashreplace").decode()[:64]
             raise unsupported(
                 f"include[{i}]",
-                f"`{shown}` cannot be included; only `{ENCRYPTED_REASONING}` is available",
+                f"`{_show(value)}` cannot be included; only `{ENCRYPTED_REASONING}` is available",
             )
     if request.stream_options is not None and not request.stream:
         raise invalid("`stream_options` is only allowed when `stream` is true", "stream_options")
@@ -276,3 +288,9 @@ def _max_tokens(asked: int | None, prompt_tokens: int, served: ServedModel) -> i
         raise context_length_exceeded(prompt_tokens, ceiling, param="input")
     room = ceiling - prompt_tokens
     return min(served.default_max_tokens if asked is None else asked, room)
+
+
+def _show(value: str, limit: int = 64) -> str:
+    """A client value for an error message: ASCII-escaped and truncated."""
+    text = str(value).encode("ascii", "backslashreplace").decode()
+    return text if len(text) <= limit else text[:limit] + "..."
