@@ -511,3 +511,20 @@ def test_codex_shape_with_instructions_and_effort(server):
     assert (call["namespace"], call["name"]) == ("multi_agent_v1", "spawn_agent")
     assert final["reasoning"] == {"effort": "high", "summary": "auto"}
     assert "You are Codex." in last_prompt(server)
+
+
+def test_store_flags_reach_the_store(server):
+    from ninfer.server.app import NInferApp
+    from ninfer.server.config import AppConfig
+    from ninfer.server.options import parse_args
+
+    args = parse_args(["--response-store-max-records", "5", "--response-store-max-mib", "2"])
+    assert (args.response_store_max_records, args.response_store_max_mib) == (5, 2)
+    assert parse_args([]).response_store_max_records == 1024
+    assert parse_args([]).response_store_max_mib == 256
+    with pytest.raises(SystemExit):
+        parse_args(["--response-store-max-records", "0"])
+    app = NInferApp(
+        server.app.served, AppConfig(response_store_max_records=5, response_store_max_mib=2)
+    )
+    assert (app.response_store.max_records, app.response_store.max_bytes) == (5, 2 << 20)
