@@ -528,3 +528,20 @@ def test_store_flags_reach_the_store(server):
         server.app.served, AppConfig(response_store_max_records=5, response_store_max_mib=2)
     )
     assert (app.response_store.max_records, app.response_store.max_bytes) == (5, 2 << 20)
+
+
+def test_sdk_stream_helper_accumulates_every_item_kind(client):
+    tools = [WEATHER_TOOL, NAMESPACE_TOOL, PATCH_TOOL]
+    expected = {
+        "weather": ["reasoning", "message", "function_call"],
+        "delegate": ["reasoning", "function_call"],
+        "patch": ["reasoning", "custom_tool_call"],
+    }
+    for text, kinds in expected.items():
+        with client.responses.stream(
+            model=MODEL, input=text, tools=tools, reasoning={"summary": "auto"}
+        ) as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        assert [item.type for item in final.output] == kinds
+        assert final.model_dump() == events[-1].response.model_dump()
