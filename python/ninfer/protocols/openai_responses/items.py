@@ -130,8 +130,8 @@ def _normalize_item(item: Any, where: str) -> dict[str, Any]:
         raise invalid(f"unknown input Item type `{_show(kind)}`", f"{where}.type")
     else:
         raise invalid("an input Item needs a string `type`", f"{where}.type")
-    normalized["id"] = item_id or new_item_id(kind)
-    return {"id": normalized.pop("id"), **normalized}
+    normalized.pop("id", None)
+    return {"id": item_id or new_item_id(kind), **normalized}  # the id first, as OpenAI lists it
 
 
 def _string(item: dict[str, Any], key: str, where: str, *, empty: bool = True) -> str:
