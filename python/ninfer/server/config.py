@@ -16,6 +16,7 @@ class AppConfig:
     usage_chunk_choice: bool = False  # a zero-delta choice on the streamed usage chunk
     response_store_max_records: int = 1024  # the local Responses store (LRU) ...
     response_store_max_mib: int = 256  # ... and its byte budget
+    backend: str = ""  # the engine's device, for ninfer_model_info
 
     @property
     def max_request_bytes(self) -> int:

@@ -28,6 +28,7 @@ from ninfer.server.errors import ApiError, from_engine_error, invalid, unsupport
 from ninfer.server.generation import (
     no_final_event,
     raise_if_failed,
+    report_turn,
     run_generation,
     wait_for_lane,
     wait_for_lane_streaming,
@@ -66,8 +67,14 @@ async def create_response(
             return await _stream(request, handle, builder, watcher, config, store, results)
         return await _aggregate(request, handle, builder, watcher, store, results)
 
+    shape = {
+        "stream": lowered.stream,
+        "items": len(lowered.prepared.history) + len(lowered.prepared.input_items),
+        "tools": len(lowered.prepared.tools.definitions),
+        "store": lowered.store,
+    }
     final, disconnected = await run_generation(
-        request, served, inflight, lowered.generation, respond
+        request, served, inflight, lowered.generation, respond, shape=shape
     )
     _log_done(request, lowered, results[0] if results else None, final, disconnected, started)
 
@@ -108,6 +115,7 @@ async def _aggregate(
         raise_if_failed(event)
         _, result = turn.finish(event)
         results.append(result)
+        report_turn(handle, result)
         output = OutputStream(lowered, lowered.prepared.tools)
         output.reasoning(result.reasoning)
         output.close_reasoning()
@@ -149,6 +157,7 @@ async def _stream(
                     raise_if_failed(event)
                     tail, result = turn.finish(event)
                     results.append(result)
+                    report_turn(handle, result)
                     _apply(output, turn, tail)
                     status = output.finish(result)
                     response = builder.response(status, output.items, result.usage)
@@ -304,9 +313,9 @@ def _log_done(
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     if final is None or result is None or disconnected:
         outcome = "client disconnected" if disconnected else "failed"
-        log.info("%s responses %s after %.0f ms", request.request_id, outcome, elapsed_ms)
+        log.debug("%s responses %s after %.0f ms", request.request_id, outcome, elapsed_ms)
         return
-    log.info(
+    log.debug(  # the request's info record is the telemetry's req#N line
         "%s responses done: prompt %d, completion %d (reasoning %d), finish %s, tool calls %d, "
         "effort %s, store %s, %s, %.0f ms",
         request.request_id,
