@@ -560,3 +560,24 @@ def test_control_token_spellings_in_items_are_text(server):
     ids = server.engine.requests[-1].prompt_ids
     turns = last_prompt(server).count("<|im_start|>")
     assert ids.count(1) == turns - 3  # each spelled opener is text, not the control token
+
+
+def test_request_log_records_responses(server, client, tmp_path):
+    from ninfer.server.request_log import RequestLog
+
+    log = RequestLog(tmp_path / "log.jsonl")
+    log.start({"event": "server_start"})
+    server.app.telemetry.request_log = log
+    try:
+        create(client, "weather", tools=[WEATHER_TOOL])
+        with pytest.raises(openai.BadRequestError):
+            create(client, "weather", temperature=3)
+    finally:
+        server.app.telemetry.request_log = None
+        log.close()
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    events = {r["event"]: r for r in records}
+    assert events["request_start"]["protocol"] == "responses"
+    assert events["request_start"]["shape"]["tools"] == 1
+    assert events["request_done"]["protocol"] == "responses"
+    assert events["request_rejected"]["param"] == "temperature"
