@@ -581,3 +581,17 @@ def test_request_log_records_responses(server, client, tmp_path):
     assert events["request_start"]["shape"]["tools"] == 1
     assert events["request_done"]["protocol"] == "responses"
     assert events["request_rejected"]["param"] == "temperature"
+
+
+def test_client_disconnect_cancels_the_stream(server):
+    import time
+
+    body = {"model": MODEL, "input": "long: go", "stream": True, "max_output_tokens": 100000}
+    with httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=30) as reply:
+        for line in reply.iter_lines():
+            if "response.reasoning_text.delta" in line:
+                break  # leave mid-stream
+    deadline = time.monotonic() + 5
+    while server.engine.outstanding and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.engine.outstanding == 0 and server.engine.active == 0
