@@ -170,6 +170,8 @@ async def _run(
                 cors=args.cors,
                 max_request_mib=args.max_request_mib,
                 usage_chunk_choice=args.usage_chunk_choice,
+                response_store_max_records=args.response_store_max_records,
+                response_store_max_mib=args.response_store_max_mib,
                 backend=config.device,
                 token_count_capacity=args.max_concurrency + args.max_pending_requests,
             ),

@@ -24,8 +24,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--media-cache-mib", True, "media input"),
     ("--media-live-mib", True, "media input"),
     ("--media-preprocess-threads", True, "media input"),
-    ("--response-store-max-records", True, "the Responses API"),
-    ("--response-store-max-mib", True, "the Responses API"),
     ("--kv-dtype", True, "quantized KV caches"),
     ("--spec", True, "speculative decoding"),
     ("--draft-tokens", True, "speculative decoding"),
@@ -239,6 +237,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="give the streamed usage chunk a zero-delta choice, for strict client parsers "
         "(default: off)",
+    )
+    responses = parser.add_argument_group("Responses API store")
+    responses.add_argument(
+        "--response-store-max-records",
+        type=_int_range(1),
+        default=1024,
+        metavar="N",
+        help="stored Responses kept for retrieval and previous_response_id, least recently "
+        "used evicted first (default: 1024)",
+    )
+    responses.add_argument(
+        "--response-store-max-mib",
+        type=_int_range(1),
+        default=256,
+        metavar="N",
+        help="byte budget of the stored Responses (default: 256)",
     )
     sampler = parser.add_argument_group(
         "sampling (precedence: artifact defaults < these flags < request fields < --greedy)"
