@@ -25,6 +25,7 @@ from ninfer.protocols.openai_responses.protocol import CreateRequest, PromptFiel
 from ninfer.protocols.openai_responses.store import ResponseStore, StoredResponse
 from ninfer.protocols.openai_responses.tools import ResponseTools, callable_tools, parse_tools
 from ninfer.protocols.served_model import ServedModel
+from ninfer.protocols.thinking_budget import plan_thinking_budget
 from ninfer.server.errors import ApiError, context_length_exceeded, invalid, unsupported
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
@@ -129,11 +130,19 @@ def lower_create(
     _check_create_options(request)
     prepared = prepare_prompt(request, served, store, request_id)
     prompt = prepared.prompt
+    max_tokens = _max_tokens(request.max_output_tokens, len(prompt.ids), served)
     generation = GenerationRequest(
         prompt_ids=prompt.ids,
-        max_tokens=_max_tokens(request.max_output_tokens, len(prompt.ids), served),
+        max_tokens=max_tokens,
         sampling=served.sampling.resolve(
             request.sampling_fields(), request.seed, thinking=prompt.thinking_on
+        ),
+        thinking_budget=plan_thinking_budget(
+            served.thinking_close,
+            prompt.decoder.thinking,
+            served.default_thinking_budget,
+            max_tokens,
+            "max_output_tokens",
         ),
     )
     reasoning = request.reasoning
