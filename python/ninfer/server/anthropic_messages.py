@@ -29,12 +29,13 @@ from ninfer.protocols.turn import TurnDecoder, TurnResult, TurnUsage
 from ninfer.server.anthropic_errors import anthropic_error
 from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
-from ninfer.server.errors import ApiError, from_decode_error, from_engine_error
+from ninfer.server.errors import ApiError, from_decode_error
 from ninfer.server.generation import (
     no_final_event,
     raise_if_failed,
     report_turn,
     run_generation,
+    stream_failure,
     wait_for_lane,
 )
 from ninfer.server.http import HttpRequest
@@ -179,12 +180,9 @@ async def _stream(
 async def _fail_stream(
     request: HttpRequest, sse: SseStream, exc: Exception, watcher: DisconnectWatcher
 ) -> None:
-    if watcher.disconnected.is_set():
-        return
-    error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
+    error = stream_failure(request, exc, watcher)
     if error is None:
-        log.exception("%s: stream failed", request.request_id)
-        error = ApiError(500, "internal error while streaming", code="internal_error")
+        return
     _, body = anthropic_error(error, request.request_id)
     await sse.named_event("error", body)
     await sse.close()

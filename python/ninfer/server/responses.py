@@ -24,12 +24,13 @@ from ninfer.protocols.served_model import ServedModel
 from ninfer.protocols.turn import TurnDecoder, TurnResult
 from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
-from ninfer.server.errors import ApiError, from_engine_error, invalid, unsupported
+from ninfer.server.errors import ApiError, invalid, unsupported
 from ninfer.server.generation import (
     no_final_event,
     raise_if_failed,
     report_turn,
     run_generation,
+    stream_failure,
     wait_for_lane,
     wait_for_lane_streaming,
 )
@@ -194,16 +195,11 @@ async def _fail_stream(
     watcher: DisconnectWatcher,
 ) -> None:
     """A failure after the stream started ends it with response.failed (no output kept)."""
-    if watcher.disconnected.is_set() or sse.closed:
+    if sse.closed:
         return
-    error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
+    error = stream_failure(request, exc, watcher)
     if error is None:
-        log.exception("%s: responses stream failed", request.request_id)
-        error = ApiError(500, "internal error while streaming", code="internal_error")
-    else:
-        log.warning(
-            "%s responses stream failed: %s (%s)", request.request_id, error.message, error.code
-        )
+        return
     output.take_events()  # whatever was pending belongs to the failed attempt
     failed = builder.response("failed", [], error={"code": error.code, "message": error.message})
     output.emit("response.failed", response=failed)
