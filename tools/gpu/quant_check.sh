@@ -27,7 +27,7 @@ echo "== benchmark"
 timeout "${NINFER_QUANT_BENCH_TIMEOUT:-330}" python3 bench/bench_cuda_quant.py --out "$out" ${NINFER_QUANT_BENCH_ARGS:-} 2>&1 |
   tee "$out/bench_quant.log" | grep -vE "^- " | tail -70
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-if [ -n "${NINFER_QUANT_REGRESSION:-1}" ]; then
+if [ "${NINFER_QUANT_REGRESSION-1}" = 1 ]; then
   echo "== bf16 GPU regression tests"
   timeout "${NINFER_QUANT_REGRESSION_TIMEOUT:-120}" python3 -m pytest -m gpu tests/test_cuda_model.py tests/test_cuda_graphs.py \
     tests/test_cuda_gemv.py -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/tests_regression.log" | tail -8

@@ -6,6 +6,7 @@
 // would be, a few percent of an 8k chunk's time). Expert stacks are dequantized to bf16 at
 // upload: the MoE kernels are bf16 only so far.
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -19,6 +20,11 @@
 namespace ninfer::cuda {
 
 namespace {
+
+bool quantized_graphs_allowed() {
+  const char* v = std::getenv("NINFER_QUANT_GRAPHS");
+  return v && v[0] == '1';
+}
 
 QuantGemvJob job_of(const Weight& w, const float* bias, float* y) {
   return {static_cast<const uint8_t*>(w.data), w.scales, w.scale2, bias, y, static_cast<int32_t>(w.rows),
@@ -74,6 +80,10 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
   if (m <= 16) {
     note(-16);
     note(overlap_launches_);
+    // A captured decode step with quantized weights gave wrong logits once replayed on the
+    // H200 (tests/test_cuda_quant_gemv.py, 2026-12-01; eager steps and the first graph launch
+    // were right), not yet explained: such steps run eagerly unless NINFER_QUANT_GRAPHS=1.
+    if (!quantized_graphs_allowed()) not_graphable();
     if (dry()) return;
     for (const DType dtype : {DType::FP8, DType::NVFP4}) {
       QuantGemvJob jobs[kQuantGemvMaxJobs];
@@ -93,6 +103,7 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
     return;
   }
   note(-17);
+  if (!quantized_graphs_allowed()) not_graphable();  // as above
   if (dry()) return;
   for (const auto& o : outputs) {
     const Weight& w = *o.weight;

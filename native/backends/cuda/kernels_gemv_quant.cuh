@@ -63,6 +63,16 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w) {
           __byte_perm(l47, h47, 0x5140u) | (s45 & kSigns), __byte_perm(l47, h47, 0x7362u) | (s67 & kSigns)};
 }
 
+// load_weights16 that the compiler keeps where it is written: issued ahead of the arithmetic
+// on the batch before it (software pipelining), not sunk to its first use.
+__device__ __forceinline__ uint4 load_ahead16(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -84,7 +94,7 @@ __device__ __forceinline__ int fp8_scale_index(const QuantGemvJob& job, int row,
   return ((g / job.group_rows) * row_blocks + (g % job.group_rows) / 128) * col_blocks + unit;
 }
 
-template <bool kNvfp4, int kRowTiles, int kWarps, bool kWide>
+template <bool kNvfp4, int kRowTiles, int kWarps, bool kWide, bool kPipelined>
 __global__ void __launch_bounds__(32 * kWarps)
     gemv_quant_block_split(const QuantGemvTable table, const float* __restrict__ x, int m, int k) {
   constexpr int kTileRows = 8 * kRowTiles;
@@ -120,12 +130,13 @@ __global__ void __launch_bounds__(32 * kWarps)
 
   allow_dependent_launch();
   bool waited = false;
-  // kUnroll units of each warp are loaded before any is used: 64 bytes of each weight row in
-  // flight per lane in either format.
+  // kUnroll units of each warp are loaded before any is used (64 bytes of each weight row in
+  // flight per lane in either format). kPipelined: the next batch's loads are issued before
+  // this batch is dequantized and multiplied, so a warp always has loads in flight (at the
+  // cost of registers, so of blocks per SM).
   constexpr int kUnroll = kNvfp4 ? 4 : 2;
-  for (int first_unit = warp; first_unit < units; first_unit += kWarps * kUnroll) {
-    // Weights first (they depend on no earlier kernel), then x.
-    uint4 raw[kUnroll][kRowTiles][2];
+  using Batch = uint4[kUnroll][kRowTiles][2];
+  auto load_batch = [&](int first_unit, Batch& raw) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int unit = first_unit + u * kWarps, kbase = unit * 128 + 32 * tig;
@@ -133,10 +144,19 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
       for (int t = 0; t < kRowTiles; ++t) {
         const uint8_t* p = w_lane[t] + static_cast<int64_t>(unit) * (kNvfp4 ? 64 : 128);
-        raw[u][t][0] = live_lo ? load_weights16(reinterpret_cast<const uint16_t*>(p)) : kZero;  // nvfp4: k % 32 == 0
-        if constexpr (!kNvfp4) raw[u][t][1] = live_hi ? load_weights16(reinterpret_cast<const uint16_t*>(p + 16)) : kZero;
+        raw[u][t][0] = live_lo ? load_ahead16(p) : kZero;  // nvfp4: k % 32 == 0
+        raw[u][t][1] = !kNvfp4 && live_hi ? load_ahead16(p + 16) : kZero;
       }
     }
+  };
+  Batch raw, next;
+  if constexpr (kPipelined) load_batch(warp, raw);
+  for (int first_unit = warp; first_unit < units; first_unit += kWarps * kUnroll) {
+    // Weights first (they depend on no earlier kernel), then x.
+    if constexpr (kPipelined)
+      load_batch(first_unit + kWarps * kUnroll, next);
+    else
+      load_batch(first_unit, raw);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int unit = first_unit + u * kWarps, kbase = unit * 128 + 32 * tig;
@@ -199,6 +219,12 @@ __global__ void __launch_bounds__(32 * kWarps)
           acc[t][3] += part[t][3] * s1;
         }
       }
+    }
+    if constexpr (kPipelined) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int t = 0; t < kRowTiles; ++t) raw[u][t][0] = next[u][t][0], raw[u][t][1] = next[u][t][1];
     }
   }
   if (!waited) wait_for_prerequisite_grids();

@@ -1,5 +1,7 @@
 // Launchers of the FP8/NVFP4 weight kernels (see launchers_quant.h).
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 #include <stdexcept>
 
 #include "backends/cuda/cuda_check.h"
@@ -12,8 +14,6 @@ namespace ninfer::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-
 int sm_count() {
   int device = 0, sms = 0;
   NINFER_CUDA_CHECK(cudaGetDevice(&device));
@@ -21,16 +21,23 @@ int sm_count() {
   return sms;
 }
 
-template <bool kNvfp4, int kRowTiles>
+template <bool kNvfp4, int kRowTiles, int kWarps, bool kPipelined>
 void launch_tiles(const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap,
                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(table.first_tile[table.num_jobs])), block(32 * kWarps);
   if (m > 8)
-    launch_overlapped(overlap, grid, block, 0, stream, kernels::gemv_quant_block_split<kNvfp4, kRowTiles, kWarps, true>,
-                      table, x, m, k);
+    launch_overlapped(overlap, grid, block, 0, stream,
+                      kernels::gemv_quant_block_split<kNvfp4, kRowTiles, kWarps, true, kPipelined>, table, x, m, k);
   else
     launch_overlapped(overlap, grid, block, 0, stream,
-                      kernels::gemv_quant_block_split<kNvfp4, kRowTiles, kWarps, false>, table, x, m, k);
+                      kernels::gemv_quant_block_split<kNvfp4, kRowTiles, kWarps, false, kPipelined>, table, x, m, k);
+}
+
+// The default of the software-pipelined form: NINFER_QUANT_GEMV_PIPELINE=0|1 (read at each
+// launch, so a benchmark can pick it), else off: the pipelined form has not run on a GPU yet.
+bool pipelined_by_default() {
+  const char* v = std::getenv("NINFER_QUANT_GEMV_PIPELINE");
+  return v && v[0] == '1';
 }
 
 // splitmix64 (as kernels_elementwise.cuh's random fills): a counter-based generator.
@@ -80,7 +87,8 @@ unsigned int grid_for(int64_t n) {
 
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap, cudaStream_t stream) {
-  if (num_jobs < 1 || num_jobs > kQuantGemvMaxJobs || m < 1 || m > 16 || k % (nvfp4 ? 32 : 16) != 0)
+  if (num_jobs < 1 || num_jobs > kQuantGemvMaxJobs || m < 1 || m > 16 || k % (nvfp4 ? 32 : 16) != 0 ||
+      variant < 0 || variant >= 12)
     throw std::invalid_argument("launch_gemv_quant: unsupported jobs/m/k");
   kernels::QuantGemvTable table{};
   table.num_jobs = num_jobs;
@@ -91,16 +99,29 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
     table.job[j] = jobs[j];
     rows16 += (jobs[j].rows + 15) / 16;
   }
-  // 16-row tiles read x once per 16 weight rows; 8-row tiles give twice the blocks, which
-  // evens out the SMs' shares when the 16-row tiles are few (long rows: down_proj).
-  const bool tiles16 = variant == 1 || (variant == 0 && rows16 >= 8 * static_cast<int64_t>(sm_count()));
-  const int tile_rows = tiles16 ? 16 : 8;
+  // m <= 2: 8-row tiles (twice the blocks: more loads in flight, x costs little). Larger m:
+  // 16-row tiles (x is read once per 16 weight rows), and when those are few (long rows:
+  // down_proj) 8 warps a block, so the SMs' shares stay even with a block per tile
+  // (bench/bench_cuda_quant.py, H200 2026-12-01). Variants force: 1 = 8-row tiles, 2 = 16-row
+  // tiles of 4 warps, 3 = 16-row tiles of 8 warps.
+  const int tiles16 = static_cast<int>(rows16);
+  const int forced = variant % 4, pipeline = variant / 4;
+  const int choice = forced > 0 ? forced : m <= 2 ? 1 : tiles16 < 4 * sm_count() ? 3 : 2;
+  const bool pipelined = pipeline == 0 ? pipelined_by_default() : pipeline == 2;
+  const int tile_rows = choice == 1 ? 8 : 16;
   table.first_tile[0] = 0;
-  for (int j = 0; j < num_jobs; ++j) table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + tile_rows - 1) / tile_rows;
+  for (int j = 0; j < num_jobs; ++j)
+    table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + tile_rows - 1) / tile_rows;
+  auto launch = [&](auto nvfp4_tag, auto pipelined_tag) {
+    constexpr bool kNvfp4 = decltype(nvfp4_tag)::value, kPipelined = decltype(pipelined_tag)::value;
+    if (choice == 1) launch_tiles<kNvfp4, 1, 4, kPipelined>(table, x, m, k, overlap, stream);
+    if (choice == 2) launch_tiles<kNvfp4, 2, 4, kPipelined>(table, x, m, k, overlap, stream);
+    if (choice == 3) launch_tiles<kNvfp4, 2, 8, kPipelined>(table, x, m, k, overlap, stream);
+  };
   if (nvfp4)
-    tiles16 ? launch_tiles<true, 2>(table, x, m, k, overlap, stream) : launch_tiles<true, 1>(table, x, m, k, overlap, stream);
+    pipelined ? launch(std::true_type{}, std::true_type{}) : launch(std::true_type{}, std::false_type{});
   else
-    tiles16 ? launch_tiles<false, 2>(table, x, m, k, overlap, stream) : launch_tiles<false, 1>(table, x, m, k, overlap, stream);
+    pipelined ? launch(std::false_type{}, std::true_type{}) : launch(std::false_type{}, std::false_type{});
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

@@ -24,8 +24,9 @@ struct QuantGemvJob {
 // format and width k; 1 <= m <= 16, k % 16 == 0 (fp8) or k % 32 == 0 (nvfp4).
 void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m, int k,
                        bool accumulate, bool overlap_previous, cudaStream_t stream);
-// Variants of launch_gemv_quant's kernel (tests and benchmarks): 0 = the launcher's choice,
-// 1 = 16-row tiles, 2 = 8-row tiles.
+// Variants of launch_gemv_quant's kernel (tests and benchmarks): variant % 4 picks the tiles
+// (0 = the launcher's choice, 1 = 8-row tiles, 2 = 16-row tiles of 4 warps, 3 = 16-row tiles
+// of 8 warps), variant / 4 the software pipelining (0 = default, 1 = off, 2 = on).
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap_previous, cudaStream_t stream);
 
