@@ -488,3 +488,147 @@ def test_quantized_moe_hybrid_equals_its_dequantized_twin(dtype, tmp_path):
     ids = _ids(80)
     a, b = _ours(quantized, ids), _ours(twin, ids)
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * max(np.abs(b).max(), 1.0))
+
+
+# --- a Qwen3.6-MoE release layout: per-expert quantized tensors, multimodal names ------------
+
+
+def _moe_release(fmt: str, folder: Path):
+    """A tiny Qwen3.5-MoE checkpoint as the FP8 / NVFP4 releases lay it out: per-expert
+    matrices under model.language_model., every projection quantized but the router, the
+    shared-expert gate and the GDN a/b projections; returns (folder, dequantized weights by
+    artifact name)."""
+    from qwen3_5_cases import hf_model
+
+    model = hf_model(
+        "qwen3_5_moe",
+        overrides=dict(
+            hidden_size=128,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            vocab_size=512,
+        ),
+    )
+    kept = ("mlp.gate.weight", "shared_expert_gate.weight", "in_proj_a.weight", "in_proj_b.weight")
+    tensors: dict[str, torch.Tensor] = {}
+    dequantized: dict[str, torch.Tensor] = {}
+
+    def put(name: str, w: torch.Tensor) -> torch.Tensor:
+        w = w.to(torch.bfloat16).float()
+        stem = name.removesuffix(".weight")
+        if fmt == "fp8":
+            codes, scale = _fp8_blocks(w)
+            tensors[name], tensors[stem + ".weight_scale_inv"] = codes, scale
+            s = scale.float().repeat_interleave(128, 0).repeat_interleave(128, 1)
+            return codes.float() * s[: w.shape[0], : w.shape[1]]
+        packed, s16, g = _nvfp4_modelopt(w)
+        tensors[name], tensors[stem + ".weight_scale"] = packed, s16
+        tensors[stem + ".weight_scale_2"], tensors[stem + ".input_scale"] = g, torch.tensor(1.0)
+        return _nvfp4_dequant(packed, s16, g)
+
+    for name, value in model.state_dict().items():
+        release = name.replace("model.", "model.language_model.", 1)
+        if name.endswith("experts.gate_up_proj"):
+            ff = value.shape[1] // 2
+            parts = []
+            for e in range(value.shape[0]):
+                base = release.removesuffix("gate_up_proj") + f"{e}."
+                gate = put(base + "gate_proj.weight", value[e, :ff])
+                up = put(base + "up_proj.weight", value[e, ff:])
+                parts.append(torch.cat([gate, up]))
+            dequantized[name] = torch.stack(parts)
+        elif name.endswith("experts.down_proj"):
+            base = release.removesuffix("down_proj")
+            dequantized[name] = torch.stack(
+                [put(base + f"{e}.down_proj.weight", value[e]) for e in range(value.shape[0])]
+            )
+        elif (
+            value.ndim == 2
+            and not name.endswith(kept)
+            and "embed" not in name
+            and not name.startswith("lm_head")
+        ):
+            dequantized[name] = put(release, value)
+        else:
+            tensors[release] = (
+                value.float() if "norm" in name or value.ndim < 2 else value.to(torch.bfloat16)
+            )
+    folder.mkdir(parents=True)
+    config = model.config.to_dict()
+    config["quantization_config"] = (
+        {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+        if fmt == "fp8"
+        else {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_bytes(synthetic_tokenizer_json())
+    safetensors_torch.save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors")
+    )
+    return folder, dequantized
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_moe_release_converts_with_stacked_quantized_experts(fmt, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    folder, dequantized = _moe_release(fmt, tmp_path / "hf")
+    artifact = convert_source(folder, tmp_path / "q.ninfer", progress=False)
+    header = read_header(artifact)
+    assert header.architecture == "qwen3_5_moe"
+    for name, want in dequantized.items():
+        assert header.tensors[name]["dtype"] == fmt, name
+        got = header.tensor_f32(name)
+        if fmt == "fp8":
+            np.testing.assert_array_equal(got, want.numpy(), err_msg=name)
+        else:
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=0, err_msg=name)
+    assert header.tensors["model.layers.0.mlp.gate.weight"]["dtype"] == "bf16"
+    twin = tmp_path / "twin.ninfer"
+    from ninfer.artifact import ArtifactWriter
+
+    writer = ArtifactWriter(
+        twin,
+        architecture=header.architecture,
+        config=header.config,
+        metadata=header.metadata,
+        tokenizer=header.header["tokenizer"],
+    )
+    for name, entry in header.tensors.items():
+        writer.declare(name, "f32", entry["shape"])
+    writer.add_resource("tokenizer.json", header.resource("tokenizer.json"))
+    writer.begin()
+    for name in header.tensors:
+        writer.write(name, np.ascontiguousarray(header.tensor_f32(name), dtype=np.float32))
+    writer.close()
+    ids = _ids(64)
+    a, b = _ours(artifact, ids), _ours(twin, ids)
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * max(np.abs(b).max(), 1.0))
+
+
+def test_unknown_modelopt_algorithm_is_refused(fp8_checkpoint, tmp_path):
+    _, _, tensors = fp8_checkpoint
+    quant = {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}
+    folder = _write_folder(tmp_path / "hf", _hf_model(), tensors, quant)
+    with pytest.raises(CheckpointError, match="W4A8_AWQ"):
+        convert_source(folder, tmp_path / "x.ninfer", progress=False)
+
+
+def test_modelopt_mixed_precision_fp8_layers(nvfp4_checkpoint, tmp_path):
+    """ModelOpt's MIXED_PRECISION releases keep some layers FP8 with one scale per tensor."""
+    _, _, tensors = nvfp4_checkpoint
+    mixed = {k: v for k, v in tensors.items() if "layers.0.self_attn.o_proj" not in k}
+    w = _hf_model().state_dict()["model.layers.0.self_attn.o_proj.weight"]
+    scale = (w.abs().max() / 448).reshape(())
+    codes = (w / scale).to(torch.float8_e4m3fn)
+    stem = "model.layers.0.self_attn.o_proj"
+    mixed[stem + ".weight"], mixed[stem + ".weight_scale"] = codes, scale.float()
+    mixed[stem + ".input_scale"] = torch.tensor(0.02)
+    quant = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}
+    folder = _write_folder(tmp_path / "hf", _hf_model(), mixed, quant)
+    header = read_header(convert_source(folder, tmp_path / "m.ninfer", progress=False))
+    assert header.tensors[stem + ".weight"]["dtype"] == "fp8"
+    assert header.tensors["model.layers.0.self_attn.q_proj.weight"]["dtype"] == "nvfp4"
+    want = (codes.float() * scale.float()).numpy()
+    np.testing.assert_array_equal(header.tensor_f32(stem + ".weight"), want)

@@ -82,10 +82,31 @@ def _as_f32(t: StoredTensor) -> np.ndarray:
     return bf16_bits_to_f32(array) if t.dtype == "bf16" else array.astype(np.float32)
 
 
+_MODELOPT_ALGOS = ("NVFP4", "FP8", "MIXED_PRECISION")
+
+
 def _block_size(hf_config: dict[str, Any]) -> list[int] | None:
     q = hf_config.get("quantization_config") or {}
     block = q.get("weight_block_size")
     return [int(b) for b in block] if block else None
+
+
+def _check_quantization_config(hf_config: dict[str, Any]) -> None:
+    """Refuse declared schemes this converter does not read, before looking at tensors."""
+    q = hf_config.get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        raise CheckpointError("quantization_config.quant_method 'compressed-tensors' is not "
+                              "supported (use Qwen's FP8 or a ModelOpt NVFP4 release)")
+    if method == "modelopt":
+        algo = str(q.get("quant_algo", "")).upper()
+        if algo not in _MODELOPT_ALGOS:
+            raise CheckpointError(f"ModelOpt quant_algo {q.get('quant_algo')!r} is not supported "
+                                  f"(supported: {', '.join(_MODELOPT_ALGOS)})")
+        group = q.get("group_size")
+        if group is not None and int(group) != NVFP4_GROUP:
+            raise CheckpointError(f"ModelOpt group_size {group}: NVFP4 needs groups of "
+                                  f"{NVFP4_GROUP}")
 
 
 def attach_quantized(
@@ -98,6 +119,7 @@ def attach_quantized(
                 f"tensor {name!r}: compressed-tensors checkpoints are not "
                 "supported (use Qwen's FP8 or a ModelOpt NVFP4 release)"
             )
+    _check_quantization_config(hf_config)
     block = _block_size(hf_config)
     if block is not None and block != [FP8_BLOCK, FP8_BLOCK]:
         raise CheckpointError(
