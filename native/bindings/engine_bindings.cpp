@@ -180,6 +180,11 @@ void bind_events(py::module_& m) {
         if (e.stop_token < 0) return py::none();
         return py::int_(e.stop_token);
       })
+      .def_property_readonly("constraint",
+                             [](const EngineEvent& e) -> py::object {
+                               if (!e.constraint) return py::none();
+                               return constraint_stats_dict(*e.constraint);
+                             })
       .def_readonly("prompt_tokens", &EngineEvent::prompt_tokens)
       .def_readonly("completion_tokens", &EngineEvent::completion_tokens)
       .def_property_readonly("queue_ms", [](const EngineEvent& e) { return e.timings.queue_ms; })
@@ -244,7 +249,8 @@ void bind_engine_class(py::module_& m) {
           [](PyEngine& self, std::vector<int32_t> prompt_ids, int32_t max_tokens, float temperature, float top_p,
              int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
-             bool ignore_eos, int32_t min_tokens) {
+             bool ignore_eos, int32_t min_tokens, std::optional<CompileOutcome> constraint,
+             int32_t constraint_start_after) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -253,6 +259,10 @@ void bind_engine_class(py::module_& m) {
             p.stop_strings = stop_list(stop_strings);
             p.ignore_eos = ignore_eos;
             p.min_tokens = min_tokens;
+            if (constraint) {
+              p.constraint = ConstraintRequest{constraint->constraint, constraint_start_after, constraint->cache,
+                                               constraint->seconds};
+            }
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -260,7 +270,24 @@ void bind_engine_class(py::module_& m) {
           py::arg("top_p") = 1.0f, py::arg("top_k") = 0, py::arg("min_p") = 0.0f, py::arg("presence_penalty") = 0.0f,
           py::arg("frequency_penalty") = 0.0f, py::arg("seed") = py::none(),
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
-          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0)
+          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("constraint") = py::none(),
+          py::arg("constraint_start_after") = -1)
+      .def(
+          "compile_grammar",
+          [](PyEngine& self, const std::string& kind, const std::string& source) {
+            GrammarCompiler* compiler = nullptr;
+            {
+              py::gil_scoped_release release;
+              compiler = &self.engine->grammars();
+            }
+            return compile_grammar(*compiler, kind, source);
+          },
+          py::arg("kind"), py::arg("source"),
+          "Compiles (or finds in the cache) an output constraint over this engine's vocabulary.")
+      .def(
+          "set_grammar_special_ids",
+          [](PyEngine& self, std::vector<int32_t> ids) { self.engine->set_grammar_special_ids(std::move(ids)); },
+          py::arg("ids"), "Control tokens no output constraint may produce; before the first compile.")
       .def(
           "cancel", [](PyEngine& self, uint64_t id) { self.engine->cancel(id); }, py::arg("request_id"),
           py::call_guard<py::gil_scoped_release>())
@@ -390,6 +417,7 @@ void bind_sampling_tools(py::module_& m) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  bind_grammar(m);
   bind_events(m);
   bind_engine_class(m);
   bind_sampling_tools(m);

@@ -5,6 +5,8 @@
 #include <span>
 #include <stdexcept>
 
+#include "engine/constraint_matcher.h"
+
 namespace ninfer {
 
 namespace {
@@ -97,6 +99,12 @@ std::string Engine::validate(const GenerationParams& p) const {
              std::to_string(vocab_size_) + ")";
   for (const auto& stop : p.stop_strings)
     if (stop.empty()) return "stop strings must not be empty";
+  if (p.constraint) {
+    if (!p.constraint->grammar) return "the constraint has no compiled grammar";
+    if (p.ignore_eos) return "a constrained request ends at the model's EOS, so ignore_eos cannot be set";
+    if (p.constraint->start_after >= vocab_size_)
+      return "the constraint's start token " + std::to_string(p.constraint->start_after) + " is outside the vocabulary";
+  }
   return {};
 }
 
@@ -135,7 +143,7 @@ SubmitResult Engine::submit(GenerationParams params) {
                      std::to_string(options_.max_pending) + " pending slots are in use";
     return result;
   }
-  auto seq = std::make_shared<Sequence>(next_id_++, std::move(params), output_cap, seed);
+  auto seq = std::make_shared<Sequence>(next_id_++, std::move(params), output_cap, seed, vocab_size_);
   seq->submitted = now;
   if (options_.pending_timeout_ms > 0) seq->deadline = now + std::chrono::milliseconds(options_.pending_timeout_ms);
   result.request_id = seq->id;
@@ -184,6 +192,33 @@ EngineStats Engine::stats() const {
 
 bool Engine::is_eos(int32_t token) const { return contains(options_.eos_ids, token); }
 
+void Engine::set_grammar_special_ids(std::vector<int32_t> ids) {
+  std::lock_guard lock(grammar_mu_);
+  if (grammars_) throw std::logic_error("the grammar vocabulary is fixed once a grammar has been compiled");
+  grammar_special_ids_ = std::move(ids);
+}
+
+GrammarCompiler& Engine::grammars() {
+  std::lock_guard lock(grammar_mu_);
+  if (!grammars_)
+    grammars_ = std::make_unique<GrammarCompiler>(token_bytes_, vocab_size_, options_.eos_ids, grammar_special_ids_);
+  return *grammars_;
+}
+
+bool Engine::step_is_constrained() const {
+  for (size_t i = 0; i < step_.rows.size(); ++i)
+    if (step_.batch.slices[i].wants_logits && step_.rows[i]->constrained_now()) return true;
+  return false;
+}
+
+bool Engine::mask_constrained_row(Sequence& seq, std::span<float> logits) const {
+  thread_local std::vector<uint32_t> bitmask;
+  bitmask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
+  if (seq.constraint->fill_next_mask(bitmask) == 0) return false;
+  apply_token_bitmask(logits, bitmask);
+  return true;
+}
+
 std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq) const {
   if (static_cast<int32_t>(seq.output.size()) >= seq.params.min_tokens) return {};
   std::vector<int32_t> ids = seq.params.stop_token_ids;
@@ -217,6 +252,7 @@ void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) cons
   event.finished = true;
   event.finish_reason = reason;
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
+  if (seq.constraint) event.constraint = seq.constraint->settle();
 }
 
 void Engine::retire(Sequence& seq) {
@@ -285,7 +321,8 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
 
 void Engine::execute_step(std::vector<EngineEvent>& events) {
   std::string error;
-  const bool on_device = samples_on_device();
+  // Grammar masks are applied on the host: a step with a constrained row samples there.
+  const bool on_device = samples_on_device() && !step_is_constrained();
   try {
     if (on_device) {
       plan_device_sampling();
@@ -394,10 +431,17 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
         if (token >= vocab_size_) throw std::runtime_error("the device sampler chose id " + std::to_string(token) +
                                                            ", outside the vocabulary");
       } else {
-        float* logits = logits_.data() + static_cast<int64_t>(row.logit_row) * vocab_size_;
-        token = seq.sampler.sample(std::span<float>(logits, static_cast<size_t>(vocab_size_)), seq.output_counts,
-                                   suppressed_ids(seq));
+        const std::span<float> logits(logits_.data() + static_cast<int64_t>(row.logit_row) * vocab_size_,
+                                      static_cast<size_t>(vocab_size_));
+        if (seq.constrained_now() && !mask_constrained_row(seq, logits)) {
+          finish(seq, row.event, FinishReason::Error);
+          row.event.error = "constraint_dead_end: the output so far has no legal next token under its constraint";
+          return;
+        }
+        token = seq.sampler.sample(logits, seq.output_counts, suppressed_ids(seq));
       }
+      if (seq.constraint && !seq.constraint->accept(token))
+        throw std::runtime_error("the grammar rejected sampled token " + std::to_string(token));
       tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
       commit_token(seq, token, row.event);
     } catch (const std::exception& e) {

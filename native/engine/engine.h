@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "engine/engine_event.h"
 #include "engine/event_queue.h"
+#include "engine/grammar_compiler.h"
 #include "engine/generation_params.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
@@ -106,6 +107,13 @@ class Engine {
   bool samples_on_device() const { return options_.device_sampling && model_->samples_on_device(); }
   const std::vector<std::string>& token_bytes() const { return token_bytes_; }
 
+  // Control tokens that no output constraint may produce (they are not text). Only before
+  // the first grammars() call; throws std::logic_error after it.
+  void set_grammar_special_ids(std::vector<int32_t> ids);
+  // The compiler of output constraints over this engine's vocabulary, built on first use.
+  // Thread-safe; compiles run on the caller's thread, never on the worker.
+  GrammarCompiler& grammars();
+
  private:
   std::string validate(const GenerationParams& params) const;
   void run();
@@ -122,6 +130,10 @@ class Engine {
   void commit_token(Sequence& seq, int32_t token, EngineEvent& event) const;
   std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
   bool is_eos(int32_t token) const;
+  // Whether a row of this step samples under a grammar mask (such steps sample on the host).
+  bool step_is_constrained() const;
+  // Masks `logits` with the sequence's grammar; false at a dead end (no token allowed).
+  bool mask_constrained_row(Sequence& seq, std::span<float> logits) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
   void finish(Sequence& seq, EngineEvent& event, FinishReason reason) const;
   // Frees the lane and forgets the request; mu_ held. `seq` may be destroyed.
@@ -150,6 +162,10 @@ class Engine {
   SamplingBatch sampling_;     // worker only: this step's rows, when sampled on the device
   std::vector<int32_t> sampled_ids_;  // worker only: their chosen ids (or kSampled* codes)
   int consecutive_failures_ = 0;  // worker only
+
+  std::mutex grammar_mu_;  // guards grammars_ creation and grammar_special_ids_
+  std::vector<int32_t> grammar_special_ids_;
+  std::unique_ptr<GrammarCompiler> grammars_;
 
   std::atomic<bool> healthy_{true};
   std::atomic<uint64_t> requests_admitted_{0}, requests_finished_{0};
