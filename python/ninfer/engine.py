@@ -78,7 +78,17 @@ def _to_event(core_event: Any) -> EngineEvent:
         completion_tokens=core_event.completion_tokens,
         timings=Timings(core_event.queue_ms, core_event.prompt_ms, core_event.predicted_ms),
         error=core_event.error,
+        constraint=getattr(core_event, "constraint", None),
     )
+
+
+def _constraint_arguments(request: GenerationRequest) -> dict[str, Any]:
+    if request.constraint is None:
+        return {}
+    return {
+        "constraint": request.constraint,
+        "constraint_start_after": request.constraint_start_after,
+    }
 
 
 class RequestHandle:
@@ -259,6 +269,7 @@ class AsyncEngine:
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
+            **_constraint_arguments(request),
         )
         status = result.status
         if status == "overloaded":
@@ -272,6 +283,11 @@ class AsyncEngine:
         handle = RequestHandle(self, result.request_id)
         self._handles[result.request_id] = handle
         return handle
+
+    def compile_constraint(self, kind: str, source: str) -> Any:
+        """Compiles (or finds in the cache) an output constraint; blocking, so call it off the
+        event loop. Raises ValueError (the core's GrammarError) when the source is rejected."""
+        return self._core.compile_grammar(kind, source)
 
     async def warmup(self) -> None:
         """Runs a tiny greedy generation so the first real request does not pay for

@@ -1,0 +1,74 @@
+"""Chat Completions' output and tool constraints -> the shared constraint lowering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer.engine_types import GenerationRequest
+from ninfer.protocols.constraints import (
+    GrammarSpec,
+    OutputConstraint,
+    ToolPolicy,
+    lower_constraints,
+)
+from ninfer.protocols.conversation import RenderedPrompt, ToolDefinition
+from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
+from ninfer.protocols.served_model import ServedModel
+from ninfer.server.errors import invalid
+
+THINK_END = "</think>"
+
+
+def chat_tool_policy(request: ChatCompletionRequest, tools: list[ToolDefinition]) -> ToolPolicy:
+    """tool_choice (already validated by callable_tools) as a ToolPolicy."""
+    mode = request.tool_constraints or "basic"
+    if mode not in ("basic", "auto"):
+        raise invalid("`tool_constraints` must be `basic` or `auto`", "tool_constraints")
+    parallel = request.parallel_tool_calls is not False
+    choice: Any = request.tool_choice
+    policy = {"tools": tools, "parallel": parallel, "constraints": mode}
+    if choice is None or choice in ("auto", "none", "required"):
+        return ToolPolicy(choice=choice or "auto", **policy)
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        name = (choice.get(choice["type"]) or {}).get("name")
+        return ToolPolicy(choice="named", allowed=frozenset({name}), **policy)
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        body = choice.get("allowed_tools") or {}
+        names = frozenset(
+            (entry.get(entry.get("type")) or {}).get("name") for entry in body.get("tools") or []
+        )
+        return ToolPolicy(choice=body.get("mode", "auto"), allowed=names, **policy)
+    return ToolPolicy(choice="auto", **policy)
+
+
+def chat_constraint(
+    request: ChatCompletionRequest,
+    tools: list[ToolDefinition],
+    output: OutputConstraint | None,
+    generation: GenerationRequest,
+    served: ServedModel,
+    prompt: RenderedPrompt,
+) -> GrammarSpec | None:
+    """The turn's grammar (None: free generation); sets where it starts on `generation`."""
+    policy = chat_tool_policy(request, tools) if tools else None
+    spec = lower_constraints(output, policy, stop_strings=generation.stop_strings)
+    if spec is None:
+        return None
+    if generation.ignore_eos:
+        raise invalid("constrained output ends at the model's EOS; drop `ignore_eos`", "ignore_eos")
+    if generation.min_tokens:
+        raise invalid("`min_tokens` cannot be combined with an output constraint", "min_tokens")
+    if prompt.thinking_on:
+        # Thinking stays free: the grammar starts after the model closes its reasoning.
+        lookup = getattr(served.engine.tokenizer, "token_to_id", None)
+        think_end = lookup(THINK_END) if lookup is not None else None
+        if think_end is None and not spec.required:
+            return None
+        if think_end is None:
+            raise invalid(
+                "this model's thinking cannot be told apart from its answer; disable thinking "
+                "for constrained output",
+                "enable_thinking",
+            )
+        generation.constraint_start_after = think_end
+    return spec
