@@ -191,3 +191,16 @@ def test_engine_refuses_ignore_eos_with_a_constraint():
         assert result.status == "invalid" and "ignore_eos" in result.message
     finally:
         engine.shutdown()
+
+
+def test_toy_engine_reports_a_dead_end():
+    engine = _toy_engine()
+    try:
+        # No token of the vocabulary spells "é": the first position has no legal token.
+        grammar = engine.compile_grammar("ebnf", 'root ::= "é"')
+        final = _run(engine, temperature=0.0, constraint=grammar)[-1]
+        assert final.finish_reason == "error"
+        assert final.error.startswith("constraint_dead_end")
+        assert final.constraint["mask_positions"] == 1 and not final.constraint["complete"]
+    finally:
+        engine.shutdown()

@@ -9,6 +9,17 @@ GrammarSpec: the source the engine compiles (engine.compile_grammar) before admi
 
 Errors are ApiErrors in the OpenAI shape (status 400, code, param); a protocol with another
 envelope (Anthropic) re-wraps them.
+
+Wiring a protocol (see openai_chat/constraints.py):
+1. output = single_output_constraint(parse_response_format(...), parse_structured_outputs(...))
+   (Responses `text.format` and Anthropic `output_config.format` use nested=False);
+2. policy = ToolPolicy(...) from the protocol's tool choice. Anthropic: `any` is
+   choice="required"; a named tool is choice="required" with allowed={name} (one or more
+   calls to it); disable_parallel_tool_use is parallel=False. OpenAI named is choice="named";
+3. spec = lower_constraints(output, policy, stop_strings=...), then
+   bind_to_generation(spec, generation, thinking_on=..., tokenizer=...);
+4. before submit: generation.constraint = await compile_constraint(engine, spec);
+5. on the terminal result: observation(event.constraint, branch=observed_branch(...)).
 """
 
 from __future__ import annotations
@@ -19,12 +30,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer.engine_types import GenerationRequest
 from ninfer.protocols.conversation import ToolDefinition
 from ninfer.protocols.json_schema_subset import check_schema, schema_error
 from ninfer.server.errors import ApiError, invalid, unsupported
 
 # Qwen's XML tool-call framing (the format every built-in template renders and the output
 # decoder parses: outputs/qwen_tool_calls.py).
+THINK_END = "</think>"
 TOOL_CALL_TRIGGER = "<tool_call>"
 TOOL_CALL_OPEN = "<tool_call>\n<function={name}>"
 TOOL_CALL_CLOSE = "\n</function>\n</tool_call>"
@@ -560,6 +573,32 @@ def check_strict_parameters(schema: Any, param: str) -> None:
                 param,
                 f"/properties/{name}/type",
             )
+
+
+def bind_to_generation(
+    spec: GrammarSpec, generation: GenerationRequest, *, thinking_on: bool, tokenizer: Any
+) -> GrammarSpec | None:
+    """Checks the generation fields a constraint excludes and sets where it starts: with
+    thinking on, after the model's `</think>` (reasoning is never constrained). None when
+    the constraint is optional and cannot apply here."""
+    if generation.ignore_eos:
+        raise invalid("constrained output ends at the model's EOS; drop `ignore_eos`", "ignore_eos")
+    if generation.min_tokens:
+        raise invalid("`min_tokens` cannot be combined with an output constraint", "min_tokens")
+    if not thinking_on:
+        return spec
+    lookup = getattr(tokenizer, "token_to_id", None)
+    think_end = lookup(THINK_END) if lookup is not None else None
+    if think_end is None and not spec.required:
+        return None
+    if think_end is None:
+        raise invalid(
+            "this model's thinking cannot be told apart from its answer; disable thinking for "
+            "constrained output",
+            "enable_thinking",
+        )
+    generation.constraint_start_after = think_end
+    return spec
 
 
 # --- compile errors ------------------------------------------------------------------------

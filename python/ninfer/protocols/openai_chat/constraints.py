@@ -9,14 +9,13 @@ from ninfer.protocols.constraints import (
     GrammarSpec,
     OutputConstraint,
     ToolPolicy,
+    bind_to_generation,
     lower_constraints,
 )
 from ninfer.protocols.conversation import RenderedPrompt, ToolDefinition
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.errors import invalid
-
-THINK_END = "</think>"
 
 
 def chat_tool_policy(request: ChatCompletionRequest, tools: list[ToolDefinition]) -> ToolPolicy:
@@ -54,21 +53,6 @@ def chat_constraint(
     spec = lower_constraints(output, policy, stop_strings=generation.stop_strings)
     if spec is None:
         return None
-    if generation.ignore_eos:
-        raise invalid("constrained output ends at the model's EOS; drop `ignore_eos`", "ignore_eos")
-    if generation.min_tokens:
-        raise invalid("`min_tokens` cannot be combined with an output constraint", "min_tokens")
-    if prompt.thinking_on:
-        # Thinking stays free: the grammar starts after the model closes its reasoning.
-        lookup = getattr(served.engine.tokenizer, "token_to_id", None)
-        think_end = lookup(THINK_END) if lookup is not None else None
-        if think_end is None and not spec.required:
-            return None
-        if think_end is None:
-            raise invalid(
-                "this model's thinking cannot be told apart from its answer; disable thinking "
-                "for constrained output",
-                "enable_thinking",
-            )
-        generation.constraint_start_after = think_end
-    return spec
+    return bind_to_generation(
+        spec, generation, thinking_on=prompt.thinking_on, tokenizer=served.engine.tokenizer
+    )
