@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from ninfer.engine_types import GenerationRequest
 from ninfer.protocols.constraints import (
     OutputConstraint,
     ToolPolicy,
+    bind_to_generation,
     check_regex,
     gbnf_literal,
     lower_constraints,
@@ -214,3 +216,23 @@ def test_strict_tool_parameter_rules():
     )
     error = error_of(lower_constraints, None, ToolPolicy([union], choice="required"))
     assert error.param == "tools[0].function.parameters/properties/a/type"
+
+
+class _Tokenizer:
+    def token_to_id(self, token: str) -> int | None:
+        return {"</think>": 77}.get(token)
+
+
+def test_bind_to_generation_starts_after_thinking():
+    spec = lower_constraints(OutputConstraint("json_object", "response_format"), None)
+    generation = GenerationRequest(prompt_ids=[1], max_tokens=8)
+    bound = bind_to_generation(spec, generation, thinking_on=True, tokenizer=_Tokenizer())
+    assert generation.constraint_start_after == 77 and bound.lead == "\n\n"
+    plain = GenerationRequest(prompt_ids=[1], max_tokens=8)
+    assert bind_to_generation(spec, plain, thinking_on=False, tokenizer=None) is spec
+    assert plain.constraint_start_after == -1
+    error = error_of(bind_to_generation, spec, plain, thinking_on=True, tokenizer=object())
+    assert error.param == "enable_thinking"
+    eos_free = GenerationRequest(prompt_ids=[1], max_tokens=8, ignore_eos=True)
+    error = error_of(bind_to_generation, spec, eos_free, thinking_on=False, tokenizer=None)
+    assert error.param == "ignore_eos"

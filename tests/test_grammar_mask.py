@@ -98,6 +98,17 @@ def test_start_after_token_leaves_thinking_free(compiler):
     assert allowed(matcher.next_mask()) == {piece("x")}
 
 
+def test_lead_text_precedes_the_language(compiler):
+    compiler.compile("ebnf", 'root ::= "x"')
+    grammar = compiler.compile("ebnf", 'root ::= "x"', "\n\n")
+    assert grammar.cache == "built"  # the lead is part of the cache key
+    matcher = _core.ConstraintMatcher(grammar, VOCAB)
+    assert allowed(matcher.next_mask()) == {piece("\n")}
+    for token in (piece("\n"), piece("\n"), piece("x"), EOS):
+        assert matcher.accept(token)
+    assert matcher.terminated
+
+
 def test_apply_token_bitmask_masks_disallowed_and_padding():
     logits = np.arange(70, dtype=np.float32)
     mask = np.zeros(2, dtype=np.uint32)  # covers ids 0..63 only

@@ -166,6 +166,20 @@ def test_tool_choice_required_yields_valid_calls(client):
     assert reply.model_extra["constraint"]["branch"] == "tools"
 
 
+def test_streamed_calls_equal_aggregate(client):
+    kwargs = dict(tools=[WEATHER, TIME], tool_choice="required", max_tokens=160)
+    aggregate = _calls(chat(client, **kwargs))
+    chunks = list(chat(client, stream=True, **kwargs))
+    streamed = [
+        (call.function.name, json.loads(call.function.arguments))
+        for chunk in chunks
+        if chunk.choices
+        for call in chunk.choices[0].delta.tool_calls or []
+    ]
+    assert streamed == aggregate
+    assert sum(1 for c in chunks if (c.model_extra or {}).get("constraint")) == 1
+
+
 def test_named_tool_and_single_call(client):
     named = {"type": "function", "function": {"name": "get_time"}}
     reply = chat(client, tools=[WEATHER, TIME], tool_choice=named, max_tokens=160)
@@ -225,6 +239,10 @@ def test_named_tool_and_single_call(client):
          "stop"),
         ({"structured_outputs": {"choice": ["a"]}, "tools": [WEATHER]}, "conflicting_constraints",
          "structured_outputs.choice"),
+        ({"tool_constraints": "strict"}, "invalid_value", "tool_constraints"),
+        ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "invalid_value",
+         "ignore_eos"),
+        ({"response_format": {"type": "yaml"}}, "invalid_value", "response_format.type"),
         ({"tools": [{**WEATHER, "function": {**WEATHER["function"], "parameters": {
             "type": "object", "properties": {"a": {"type": "string"}}}}}],
           "tool_choice": "required"},

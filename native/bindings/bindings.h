@@ -25,6 +25,7 @@ void bind_cuda_gemv(pybind11::module_& m);    // cuda_gemv_bindings.cpp (called 
 void bind_grammar(pybind11::module_& m);      // grammar_bindings.cpp (called by bind_engine)
 pybind11::dict constraint_stats_dict(const ConstraintStats& stats);  // grammar_bindings.cpp
 // Compiles with the GIL released; kind as GrammarKind's name.
-CompileOutcome compile_grammar(GrammarCompiler& compiler, const std::string& kind, const std::string& source);
+CompileOutcome compile_grammar(GrammarCompiler& compiler, const std::string& kind, const std::string& source,
+                               const std::string& lead);
 
 }  // namespace ninfer::bindings

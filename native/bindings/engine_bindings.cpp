@@ -274,15 +274,15 @@ void bind_engine_class(py::module_& m) {
           py::arg("constraint_start_after") = -1)
       .def(
           "compile_grammar",
-          [](PyEngine& self, const std::string& kind, const std::string& source) {
+          [](PyEngine& self, const std::string& kind, const std::string& source, const std::string& lead) {
             GrammarCompiler* compiler = nullptr;
             {
               py::gil_scoped_release release;
               compiler = &self.engine->grammars();
             }
-            return compile_grammar(*compiler, kind, source);
+            return compile_grammar(*compiler, kind, source, lead);
           },
-          py::arg("kind"), py::arg("source"),
+          py::arg("kind"), py::arg("source"), py::arg("lead") = "",
           "Compiles (or finds in the cache) an output constraint over this engine's vocabulary.")
       .def(
           "set_grammar_special_ids",

@@ -24,10 +24,11 @@ py::dict constraint_stats_dict(const ConstraintStats& s) {
   return d;
 }
 
-CompileOutcome compile_grammar(GrammarCompiler& compiler, const std::string& kind, const std::string& source) {
+CompileOutcome compile_grammar(GrammarCompiler& compiler, const std::string& kind, const std::string& source,
+                               const std::string& lead) {
   const GrammarKind parsed = grammar_kind_from_name(kind);
   py::gil_scoped_release release;
-  return compiler.compile(parsed, source);
+  return compiler.compile(parsed, source, lead);
 }
 
 void bind_grammar(py::module_& m) {
@@ -49,8 +50,9 @@ void bind_grammar(py::module_& m) {
            }),
            py::arg("token_bytes"), py::arg("vocab_size"), py::kw_only(), py::arg("stop_ids"),
            py::arg("special_ids") = std::vector<int32_t>{})
-      .def("compile", &compile_grammar, py::arg("kind"), py::arg("source"),
-           "kind: json_schema | strict_json_schema | ebnf | regex | structural_tag. Raises GrammarError.")
+      .def("compile", &compile_grammar, py::arg("kind"), py::arg("source"), py::arg("lead") = "",
+           "kind: json_schema | strict_json_schema | ebnf | regex | structural_tag; lead: literal text "
+           "before the grammar's language. Raises GrammarError.")
       .def_property_readonly("bitmask_words", &GrammarCompiler::bitmask_words)
       .def_property_readonly("cached_entries", &GrammarCompiler::cached_entries);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <variant>
 
 namespace ninfer {
 
@@ -23,6 +24,27 @@ std::vector<std::string> grammar_vocabulary(const std::vector<std::string>& toke
   for (int32_t id : special_ids)
     if (id >= 0 && id < static_cast<int64_t>(vocab.size())) vocab[static_cast<size_t>(id)].clear();
   return vocab;
+}
+
+// `text` as an EBNF string literal.
+std::string ebnf_literal(const std::string& text) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7F) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace
@@ -80,10 +102,34 @@ size_t GrammarCompiler::cached_entries() const {
   return entries_.size();
 }
 
-std::shared_ptr<const CompiledConstraint> GrammarCompiler::build(GrammarKind kind, const std::string& source) {
+std::shared_ptr<const CompiledConstraint> GrammarCompiler::build(GrammarKind kind, const std::string& source,
+                                                                 const std::string& lead) {
   const auto start = std::chrono::steady_clock::now();
+  // With a lead the grammar is built first and prefixed, then compiled as one.
+  auto grammar = [&]() -> xgrammar::Grammar {
+    switch (kind) {
+      case GrammarKind::JsonSchema:
+      case GrammarKind::StrictJsonSchema:
+        return xgrammar::Grammar::FromJSONSchema(source, /*any_whitespace=*/false, std::nullopt,
+                                                 std::make_pair(std::string(","), std::string(":")),
+                                                 /*strict_mode=*/kind == GrammarKind::StrictJsonSchema);
+      case GrammarKind::Ebnf: return xgrammar::Grammar::FromEBNF(source, "root");
+      case GrammarKind::Regex: return xgrammar::Grammar::FromRegex(source);
+      case GrammarKind::StructuralTag: {
+        auto parsed = xgrammar::Grammar::FromStructuralTag(source, *tokenizer_);
+        if (auto* error = std::get_if<xgrammar::StructuralTagError>(&parsed))
+          throw GrammarError(std::visit([](const auto& e) { return std::string(e.what()); }, *error));
+        return std::get<xgrammar::Grammar>(std::move(parsed));
+      }
+    }
+    throw GrammarError("unknown grammar kind");
+  };
   auto compiled = [&]() -> xgrammar::CompiledGrammar {
     try {
+      if (!lead.empty()) {
+        auto prefix = xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(lead), "root");
+        return compiler_->CompileGrammar(xgrammar::Grammar::Concat({prefix, grammar()}));
+      }
       switch (kind) {
         case GrammarKind::JsonSchema:
         case GrammarKind::StrictJsonSchema:
@@ -95,6 +141,8 @@ std::shared_ptr<const CompiledConstraint> GrammarCompiler::build(GrammarKind kin
         case GrammarKind::Regex: return compiler_->CompileRegex(source);
         case GrammarKind::StructuralTag: return compiler_->CompileStructuralTag(source);
       }
+    } catch (const GrammarError&) {
+      throw;
     } catch (const std::exception& e) {
       throw GrammarError(e.what());
     }
@@ -107,9 +155,11 @@ std::shared_ptr<const CompiledConstraint> GrammarCompiler::build(GrammarKind kin
   return constraint;
 }
 
-CompileOutcome GrammarCompiler::compile(GrammarKind kind, const std::string& source) {
+CompileOutcome GrammarCompiler::compile(GrammarKind kind, const std::string& source, const std::string& lead) {
   const auto start = std::chrono::steady_clock::now();
+  // kind, the lead's length and bytes, then the source: distinct inputs, distinct keys.
   std::string key(1, static_cast<char>(kind));
+  key += std::to_string(lead.size()) + ':' + lead;
   key += source;
   CompileOutcome outcome;
   std::shared_future<Result> pending;
@@ -134,7 +184,7 @@ CompileOutcome GrammarCompiler::compile(GrammarKind kind, const std::string& sou
   }
   if (outcome.cache == CacheResult::Built) {
     try {
-      promise.set_value(build(kind, source));
+      promise.set_value(build(kind, source, lead));
     } catch (...) {
       promise.set_exception(std::current_exception());
     }

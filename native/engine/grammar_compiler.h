@@ -74,7 +74,9 @@ class GrammarCompiler {
 
   // Thread-safe. Throws GrammarError when the library rejects the source (the failure is
   // cached like a success: the same source fails the same way without recompiling).
-  CompileOutcome compile(GrammarKind kind, const std::string& source);
+  // `lead` is literal text the output must start with before the grammar's language (the
+  // line breaks a thinking model writes after `</think>`).
+  CompileOutcome compile(GrammarKind kind, const std::string& source, const std::string& lead = {});
 
   int64_t vocab_size() const { return vocab_size_; }
   // 32-bit words of one packed token bitmask over the model's vocabulary.
@@ -84,7 +86,8 @@ class GrammarCompiler {
 
  private:
   using Result = std::shared_ptr<const CompiledConstraint>;
-  std::shared_ptr<const CompiledConstraint> build(GrammarKind kind, const std::string& source);
+  std::shared_ptr<const CompiledConstraint> build(GrammarKind kind, const std::string& source,
+                                                  const std::string& lead);
 
   const int64_t vocab_size_;
   const std::vector<int32_t> stop_ids_;

@@ -284,10 +284,10 @@ class AsyncEngine:
         self._handles[result.request_id] = handle
         return handle
 
-    def compile_constraint(self, kind: str, source: str) -> Any:
+    def compile_constraint(self, kind: str, source: str, lead: str = "") -> Any:
         """Compiles (or finds in the cache) an output constraint; blocking, so call it off the
         event loop. Raises ValueError (the core's GrammarError) when the source is rejected."""
-        return self._core.compile_grammar(kind, source)
+        return self._core.compile_grammar(kind, source, lead)
 
     async def warmup(self) -> None:
         """Runs a tiny greedy generation so the first real request does not pay for

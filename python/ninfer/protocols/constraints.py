@@ -25,6 +25,7 @@ Wiring a protocol (see openai_chat/constraints.py):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from ninfer.server.errors import ApiError, invalid, unsupported
 # Qwen's XML tool-call framing (the format every built-in template renders and the output
 # decoder parses: outputs/qwen_tool_calls.py).
 THINK_END = "</think>"
+THINK_LEAD = "\n\n"
 TOOL_CALL_TRIGGER = "<tool_call>"
 TOOL_CALL_OPEN = "<tool_call>\n<function={name}>"
 TOOL_CALL_CLOSE = "\n</function>\n</tool_call>"
@@ -100,6 +102,7 @@ class GrammarSpec:
     # False for tool-only constraints: an engine without grammar support (a test double)
     # serves them on the unconstrained route, whose decoder still parses calls by tool choice.
     required: bool = True
+    lead: str = ""  # literal text before the language (the line breaks after `</think>`)
 
 
 # --- request fields -> OutputConstraint ------------------------------------------------------
@@ -598,7 +601,8 @@ def bind_to_generation(
             "enable_thinking",
         )
     generation.constraint_start_after = think_end
-    return spec
+    # The reasoning split needs a line break after `</think>`; Qwen writes two.
+    return dataclasses.replace(spec, lead=THINK_LEAD)
 
 
 # --- compile errors ------------------------------------------------------------------------
@@ -651,7 +655,7 @@ async def compile_constraint(engine: Any, spec: GrammarSpec) -> Any:
             return None
         raise unsupported(spec.param, "this engine cannot enforce output constraints")
     try:
-        return await asyncio.to_thread(compile_grammar, spec.kind, spec.source)
+        return await asyncio.to_thread(compile_grammar, spec.kind, spec.source, spec.lead)
     except ValueError as e:
         raise compile_error(spec, str(e)) from None
 

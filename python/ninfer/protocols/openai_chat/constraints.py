@@ -21,8 +21,6 @@ from ninfer.server.errors import invalid
 def chat_tool_policy(request: ChatCompletionRequest, tools: list[ToolDefinition]) -> ToolPolicy:
     """tool_choice (already validated by callable_tools) as a ToolPolicy."""
     mode = request.tool_constraints or "basic"
-    if mode not in ("basic", "auto"):
-        raise invalid("`tool_constraints` must be `basic` or `auto`", "tool_constraints")
     parallel = request.parallel_tool_calls is not False
     choice: Any = request.tool_choice
     policy = {"tools": tools, "parallel": parallel, "constraints": mode}
@@ -49,6 +47,8 @@ def chat_constraint(
     prompt: RenderedPrompt,
 ) -> GrammarSpec | None:
     """The turn's grammar (None: free generation); sets where it starts on `generation`."""
+    if request.tool_constraints not in (None, "basic", "auto"):
+        raise invalid("`tool_constraints` must be `basic` or `auto`", "tool_constraints")
     policy = chat_tool_policy(request, tools) if tools else None
     spec = lower_constraints(output, policy, stop_strings=generation.stop_strings)
     if spec is None:
