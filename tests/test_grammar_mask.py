@@ -120,6 +120,22 @@ def test_apply_token_bitmask_masks_disallowed_and_padding():
     assert logits[3] == 3.0
 
 
+def test_host_reference_sampler_honours_row_bitmasks():
+    """sample_rows_host (what the device sampler must return) with grammar bitmasks."""
+    logits = np.zeros((3, 70), dtype=np.float32)
+    logits[:, 5] = 9.0  # the unmasked favourite
+    only_40 = np.zeros(3, dtype=np.uint32)
+    only_40[1] = 1 << 8
+    rows = [
+        {"temperature": 0.0, "bitmask": only_40.tolist()},
+        {"temperature": 1.0, "uniform": 0.7, "bitmask": only_40.tolist()},
+        {"temperature": 0.0},
+    ]
+    assert _core.sample_rows_host(logits, rows).tolist() == [40, 40, 5]
+    nothing = [{"temperature": 0.0, "bitmask": [0, 0, 0]}]
+    assert _core.sample_rows_host(logits[:1], nothing).tolist() == [-2]
+
+
 def test_cache_hit_and_errors(compiler):
     first = compiler.compile("regex", "[0-9]{3}")
     again = compiler.compile("regex", "[0-9]{3}")
@@ -183,15 +199,28 @@ def test_toy_engine_samples_only_what_the_grammar_allows(temperature):
         engine.shutdown()
 
 
-def test_toy_engine_device_sampling_falls_back_to_host_for_constrained_rows():
-    engine = _toy_engine()
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_device_sampling_path_applies_the_mask(temperature):
+    """The toy model samples through forward_sampled with the host reference of the device
+    sampler: the bitmask travels in the SamplingBatch, as it does to the CUDA kernel."""
+    host, device = _toy_engine(), _toy_engine()
     try:
-        engine.toy_sample_on_device(True)
-        grammar = engine.compile_grammar("ebnf", 'root ::= "yes" | "no"')
-        events = _run(engine, temperature=0.0, constraint=grammar)
-        assert b"".join(e.text for e in events) in (b"yes", b"no")
+        device.toy_sample_on_device(True)
+        texts = []
+        for engine in (host, device):
+            grammar = engine.compile_grammar("regex", "(BUG|TASK)-[0-9]{4}")
+            events = _run(engine, temperature=temperature, seed=9, constraint=grammar)
+            assert events[-1].stop_reason == EOS
+            texts.append(b"".join(e.text for e in events).decode())
+        assert re.fullmatch(r"(BUG|TASK)-[0-9]{4}", texts[1]), texts
+        assert texts[0] == texts[1]  # the same choice from the same draws
+        dead = _run(
+            device, temperature=0.0, constraint=device.compile_grammar("ebnf", 'root ::= "é"')
+        )
+        assert dead[-1].error.startswith("constraint_dead_end")
     finally:
-        engine.shutdown()
+        host.shutdown()
+        device.shutdown()
 
 
 def test_engine_refuses_ignore_eos_with_a_constraint():

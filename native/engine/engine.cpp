@@ -20,6 +20,11 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+// The error of a constrained request whose output has no legal continuation (the server
+// matches the prefix).
+constexpr const char* kDeadEndError =
+    "constraint_dead_end: the output so far has no legal next token under its constraint";
+
 // One sampling thread per lane, up to the machine's hardware threads.
 int sampling_threads(int lanes) {
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -205,12 +210,6 @@ GrammarCompiler& Engine::grammars() {
   return *grammars_;
 }
 
-bool Engine::step_is_constrained() const {
-  for (size_t i = 0; i < step_.rows.size(); ++i)
-    if (step_.batch.slices[i].wants_logits && step_.rows[i]->constrained_now()) return true;
-  return false;
-}
-
 bool Engine::mask_constrained_row(Sequence& seq, std::span<float> logits) const {
   thread_local std::vector<uint32_t> bitmask;
   bitmask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
@@ -321,8 +320,7 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
 
 void Engine::execute_step(std::vector<EngineEvent>& events) {
   std::string error;
-  // Grammar masks are applied on the host: a step with a constrained row samples there.
-  const bool on_device = samples_on_device() && !step_is_constrained();
+  const bool on_device = samples_on_device();
   try {
     if (on_device) {
       plan_device_sampling();
@@ -363,7 +361,9 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
 
 void Engine::plan_device_sampling() {
   sampling_.clear();
+  dead_ends_.clear();
   std::vector<int32_t> tokens, counts;
+  std::vector<uint32_t> mask;
   for (size_t i = 0; i < step_.rows.size(); ++i) {
     if (!step_.batch.slices[i].wants_logits) continue;
     Sequence& seq = *step_.rows[i];
@@ -384,7 +384,15 @@ void Engine::plan_device_sampling() {
         counts.push_back(count);
       }
     }
-    sampling_.add_row(row, tokens, counts, suppressed_ids(seq));
+    // A constrained row's mask goes up with the batch; the device sampler applies it.
+    mask.clear();
+    bool dead_end = false;
+    if (seq.constrained_now()) {
+      mask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
+      dead_end = seq.constraint->fill_next_mask(mask) == 0;
+    }
+    dead_ends_.push_back(dead_end ? 1 : 0);
+    sampling_.add_row(row, tokens, counts, suppressed_ids(seq), mask);
   }
   sampled_ids_.assign(sampling_.rows.size(), kSampledNothing);
 }
@@ -427,6 +435,11 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
       int32_t token = 0;
       if (sampled_on_device) {
         token = sampled_ids_[static_cast<size_t>(row.logit_row)];
+        if (token < 0 && dead_ends_[static_cast<size_t>(row.logit_row)]) {
+          finish(seq, row.event, FinishReason::Error);
+          row.event.error = kDeadEndError;
+          return;
+        }
         if (token < 0) throw std::runtime_error(sampled_code_error(token));
         if (token >= vocab_size_) throw std::runtime_error("the device sampler chose id " + std::to_string(token) +
                                                            ", outside the vocabulary");
@@ -435,7 +448,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
                                       static_cast<size_t>(vocab_size_));
         if (seq.constrained_now() && !mask_constrained_row(seq, logits)) {
           finish(seq, row.event, FinishReason::Error);
-          row.event.error = "constraint_dead_end: the output so far has no legal next token under its constraint";
+          row.event.error = kDeadEndError;
           return;
         }
         token = seq.sampler.sample(logits, seq.output_counts, suppressed_ids(seq));

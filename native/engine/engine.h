@@ -122,7 +122,8 @@ class Engine {
   bool step_boundary(std::vector<EngineEvent>& events);
   void execute_step(std::vector<EngineEvent>& events);
   // Fills sampling_ for the step's logit rows, drawing each sampling row's uniform value from
-  // its sequence's generator (as the host Sampler would during commit_step).
+  // its sequence's generator (as the host Sampler would during commit_step) and computing
+  // constrained rows' grammar masks, which the device sampler applies.
   void plan_device_sampling();
   // After a successful forward: advances every row, samples (or takes the ids sampled on the
   // device), applies stops. Thread-safe per row, so rows are committed on the sampling pool.
@@ -130,8 +131,6 @@ class Engine {
   void commit_token(Sequence& seq, int32_t token, EngineEvent& event) const;
   std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
   bool is_eos(int32_t token) const;
-  // Whether a row of this step samples under a grammar mask (such steps sample on the host).
-  bool step_is_constrained() const;
   // Masks `logits` with the sequence's grammar; false at a dead end (no token allowed).
   bool mask_constrained_row(Sequence& seq, std::span<float> logits) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
@@ -161,6 +160,7 @@ class Engine {
   std::vector<float> logits_;  // worker only
   SamplingBatch sampling_;     // worker only: this step's rows, when sampled on the device
   std::vector<int32_t> sampled_ids_;  // worker only: their chosen ids (or kSampled* codes)
+  std::vector<uint8_t> dead_ends_;    // worker only: rows whose grammar mask allowed nothing
   int consecutive_failures_ = 0;  // worker only
 
   std::mutex grammar_mu_;  // guards grammars_ creation and grammar_special_ids_
