@@ -88,6 +88,14 @@ def test_json_schema_is_compact_and_ordered(compiler):
     assert not spaced.accept(piece(" "))  # compact separators: no free whitespace
 
 
+def test_prefix_is_consumed_before_the_first_token(compiler):
+    grammar = compiler.compile("regex", "(BUG|TASK)-[0-9]{2}")
+    matcher = _core.ConstraintMatcher(grammar, VOCAB, prefix="TAS")
+    assert allowed(matcher.next_mask()) == {piece("K")}
+    with pytest.raises(ValueError):
+        _core.ConstraintMatcher(grammar, VOCAB, prefix="BUGS")
+
+
 def test_start_after_token_leaves_thinking_free(compiler):
     think_end = piece("|")
     matcher = _core.ConstraintMatcher(compiler.compile("ebnf", 'root ::= "x"'), VOCAB, think_end)

@@ -268,3 +268,22 @@ def test_choice_with_tool_choice_none_is_allowed(client):
 def test_unconstrained_response_has_no_observation(client):
     reply = chat(client, max_tokens=4)
     assert "constraint" not in (reply.model_extra or {})
+
+
+def test_prefill_is_part_of_the_constrained_answer(client, server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    prefix = '{"name":"Al'
+    messages = [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": prefix}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, response_format=fmt, temperature=0, max_tokens=96,
+        extra_body=NO_THINKING,
+    )  # fmt: skip
+    content = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop", content
+    full = content if content.startswith(prefix) else prefix + content
+    jsonschema.validate(json.loads(full), PERSON)
+    mismatch = post(server, {
+        "messages": [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": "hi"}],
+        "response_format": {"type": "json_object"},
+    })  # fmt: skip
+    assert mismatch.status_code == 400, mismatch.text

@@ -250,7 +250,7 @@ void bind_engine_class(py::module_& m) {
              int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
              bool ignore_eos, int32_t min_tokens, std::optional<CompileOutcome> constraint,
-             int32_t constraint_start_after) {
+             int32_t constraint_start_after, const std::string& constraint_prefix) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -261,7 +261,7 @@ void bind_engine_class(py::module_& m) {
             p.min_tokens = min_tokens;
             if (constraint) {
               p.constraint = ConstraintRequest{constraint->constraint, constraint_start_after, constraint->cache,
-                                               constraint->seconds};
+                                               constraint->seconds, constraint_prefix};
             }
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
@@ -271,7 +271,7 @@ void bind_engine_class(py::module_& m) {
           py::arg("frequency_penalty") = 0.0f, py::arg("seed") = py::none(),
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
           py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("constraint") = py::none(),
-          py::arg("constraint_start_after") = -1)
+          py::arg("constraint_start_after") = -1, py::arg("constraint_prefix") = "")
       .def(
           "compile_grammar",
           [](PyEngine& self, const std::string& kind, const std::string& source, const std::string& lead) {

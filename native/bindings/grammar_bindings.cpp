@@ -57,10 +57,11 @@ void bind_grammar(py::module_& m) {
       .def_property_readonly("cached_entries", &GrammarCompiler::cached_entries);
 
   py::class_<ConstraintMatcher>(m, "ConstraintMatcher")
-      .def(py::init([](const CompileOutcome& grammar, int64_t vocab_size, int32_t start_after) {
-             return ConstraintMatcher(grammar.constraint, vocab_size, start_after);
+      .def(py::init([](const CompileOutcome& grammar, int64_t vocab_size, int32_t start_after,
+                       const std::string& prefix) {
+             return ConstraintMatcher(grammar.constraint, vocab_size, start_after, prefix);
            }),
-           py::arg("grammar"), py::arg("vocab_size"), py::arg("start_after") = -1)
+           py::arg("grammar"), py::arg("vocab_size"), py::arg("start_after") = -1, py::arg("prefix") = "")
       .def("next_mask",
            [](ConstraintMatcher& self) {
              py::array_t<uint32_t> mask(self.bitmask_words());

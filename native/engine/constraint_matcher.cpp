@@ -18,10 +18,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 ConstraintMatcher::ConstraintMatcher(std::shared_ptr<const CompiledConstraint> constraint, int64_t vocab_size,
-                                     int32_t start_after)
+                                     int32_t start_after, const std::string& prefix)
     : constraint_(std::move(constraint)), vocab_size_(vocab_size), start_after_(start_after), active_(start_after < 0) {
   if (!constraint_ || !constraint_->grammar) throw std::invalid_argument("a constraint needs a compiled grammar");
   matcher_ = std::make_unique<xgrammar::GrammarMatcher>(*constraint_->grammar);
+  if (prefix.empty()) return;
+  if (!active_) throw std::invalid_argument("a constraint that starts after a token cannot take a prefix");
+  if (!matcher_->AcceptString(prefix))
+    throw std::invalid_argument("the answer's existing text does not match its output constraint");
 }
 
 ConstraintMatcher::~ConstraintMatcher() = default;

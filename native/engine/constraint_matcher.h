@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/grammar_compiler.h"
@@ -33,8 +34,10 @@ struct ConstraintStats {
 class ConstraintMatcher {
  public:
   // `start_after` >= 0: the constraint applies only after that token has been generated.
+  // `prefix`: text the output already starts with, consumed first (std::invalid_argument
+  // when the grammar rejects it; only without `start_after`).
   ConstraintMatcher(std::shared_ptr<const CompiledConstraint> constraint, int64_t vocab_size,
-                    int32_t start_after = -1);
+                    int32_t start_after = -1, const std::string& prefix = {});
   ~ConstraintMatcher();
   ConstraintMatcher(ConstraintMatcher&&) noexcept;
   ConstraintMatcher& operator=(ConstraintMatcher&&) noexcept;

@@ -148,7 +148,15 @@ SubmitResult Engine::submit(GenerationParams params) {
                      std::to_string(options_.max_pending) + " pending slots are in use";
     return result;
   }
-  auto seq = std::make_shared<Sequence>(next_id_++, std::move(params), output_cap, seed, vocab_size_);
+  std::shared_ptr<Sequence> seq;
+  try {
+    seq = std::make_shared<Sequence>(next_id_, std::move(params), output_cap, seed, vocab_size_);
+  } catch (const std::invalid_argument& e) {  // a constraint prefix the grammar rejects
+    result.status = SubmitStatus::InvalidRequest;
+    result.message = e.what();
+    return result;
+  }
+  ++next_id_;
   seq->submitted = now;
   if (options_.pending_timeout_ms > 0) seq->deadline = now + std::chrono::milliseconds(options_.pending_timeout_ms);
   result.request_id = seq->id;

@@ -27,6 +27,8 @@ struct ConstraintRequest {
   int32_t start_after = -1;  // >= 0: unconstrained until this token is generated (</think>)
   CacheResult cache = CacheResult::Built;
   double prepare_seconds = 0.0;  // the compile or cache wait that preceded submit
+  std::string prefix;  // answer text already given (an assistant prefill): the grammar
+                       // consumes it before the first generated token
 };
 
 struct GenerationParams {

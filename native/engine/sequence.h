@@ -29,7 +29,8 @@ struct Sequence {
         sampler(params.sampling, seed),
         stops(params.stop_strings) {
     if (params.constraint) {
-      constraint.emplace(params.constraint->grammar, vocab_size, params.constraint->start_after);
+      constraint.emplace(params.constraint->grammar, vocab_size, params.constraint->start_after,
+                         params.constraint->prefix);
       constraint->stats().cache = params.constraint->cache;
       constraint->stats().prepare_seconds = params.constraint->prepare_seconds;
     }

@@ -88,6 +88,7 @@ def _constraint_arguments(request: GenerationRequest) -> dict[str, Any]:
     return {
         "constraint": request.constraint,
         "constraint_start_after": request.constraint_start_after,
+        "constraint_prefix": request.constraint_prefix,
     }
 
 

@@ -34,6 +34,7 @@ class GenerationRequest:
     # sampled. It applies after `constraint_start_after` is generated (-1: from the start).
     constraint: Any = None
     constraint_start_after: int = -1
+    constraint_prefix: str = ""  # answer text already given (a prefill), consumed first
 
 
 @dataclass(slots=True)

@@ -579,15 +579,22 @@ def check_strict_parameters(schema: Any, param: str) -> None:
 
 
 def bind_to_generation(
-    spec: GrammarSpec, generation: GenerationRequest, *, thinking_on: bool, tokenizer: Any
+    spec: GrammarSpec,
+    generation: GenerationRequest,
+    *,
+    thinking_on: bool,
+    tokenizer: Any,
+    prefill: str = "",
 ) -> GrammarSpec | None:
     """Checks the generation fields a constraint excludes and sets where it starts: with
-    thinking on, after the model's `</think>` (reasoning is never constrained). None when
-    the constraint is optional and cannot apply here."""
+    thinking on, after the model's `</think>` (reasoning is never constrained); after an
+    assistant prefill, the grammar covers the prefill text plus the generated suffix. None
+    when the constraint is optional and cannot apply here."""
     if generation.ignore_eos:
         raise invalid("constrained output ends at the model's EOS; drop `ignore_eos`", "ignore_eos")
     if generation.min_tokens:
         raise invalid("`min_tokens` cannot be combined with an output constraint", "min_tokens")
+    generation.constraint_prefix = prefill
     if not thinking_on:
         return spec
     lookup = getattr(tokenizer, "token_to_id", None)

@@ -54,5 +54,17 @@ def chat_constraint(
     if spec is None:
         return None
     return bind_to_generation(
-        spec, generation, thinking_on=prompt.thinking_on, tokenizer=served.engine.tokenizer
+        spec,
+        generation,
+        thinking_on=prompt.thinking_on,
+        tokenizer=served.engine.tokenizer,
+        prefill=_prefill_text(request) if prompt.is_prefill else "",
     )
+
+
+def _prefill_text(request: ChatCompletionRequest) -> str:
+    """The final assistant message's text, which generation continues."""
+    content = request.messages[-1].content
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text or part.refusal or "" for part in content)
