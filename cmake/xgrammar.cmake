@@ -5,14 +5,21 @@
 # and -flto and builds Python bindings we never load. Only the core sources are compiled (not
 # the tvm_ffi bindings under cpp/tvm_ffi).
 #
-# Offline builds: point FETCHCONTENT_SOURCE_DIR_XGRAMMAR at an unpacked copy of the same
-# release, or NINFER_XGRAMMAR_ARCHIVE at the downloaded archive (the hash is still checked).
+# Offline builds (the GPU machine): put the archive in .whl/ beside the carried wheels, or
+# point NINFER_XGRAMMAR_ARCHIVE at it, or FETCHCONTENT_SOURCE_DIR_XGRAMMAR at an unpacked copy
+# of the same release. The hash is checked whichever way the archive comes.
 include(FetchContent)
 
 set(NINFER_XGRAMMAR_VERSION 0.2.9)
 set(NINFER_XGRAMMAR_SHA256 87b466bca2475e29bb0323abc62c6c33cbcbcff47e5fb800a3e2099ac9620b90)
-set(NINFER_XGRAMMAR_ARCHIVE
-    "https://files.pythonhosted.org/packages/3a/2f/5bf8e8fa6619cff534932f79b0abc81a417d354bc5093252c1a6081d0a93/xgrammar-${NINFER_XGRAMMAR_VERSION}.tar.gz"
+set(_xgrammar_local "${CMAKE_SOURCE_DIR}/.whl/xgrammar-${NINFER_XGRAMMAR_VERSION}.tar.gz")
+if(EXISTS "${_xgrammar_local}")
+  set(_xgrammar_default "${_xgrammar_local}")
+else()
+  set(_xgrammar_default
+      "https://files.pythonhosted.org/packages/3a/2f/5bf8e8fa6619cff534932f79b0abc81a417d354bc5093252c1a6081d0a93/xgrammar-${NINFER_XGRAMMAR_VERSION}.tar.gz")
+endif()
+set(NINFER_XGRAMMAR_ARCHIVE "${_xgrammar_default}"
     CACHE STRING "URL or local path of the xgrammar source archive (sdist)")
 
 # SOURCE_SUBDIR names a folder without a CMakeLists.txt, so MakeAvailable only downloads and
