@@ -197,6 +197,11 @@ void bind_events(py::module_& m) {
         if (e.stop_token < 0) return py::none();
         return py::int_(e.stop_token);
       })
+      .def_property_readonly("constraint",
+                             [](const EngineEvent& e) -> py::object {
+                               if (!e.constraint) return py::none();
+                               return constraint_stats_dict(*e.constraint);
+                             })
       .def_readonly("prompt_tokens", &EngineEvent::prompt_tokens)
       .def_readonly("completion_tokens", &EngineEvent::completion_tokens)
       .def_property_readonly("queue_ms", [](const EngineEvent& e) { return e.timings.queue_ms; })
@@ -263,7 +268,9 @@ void bind_engine_class(py::module_& m) {
              int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
              bool ignore_eos, int32_t min_tokens, int32_t thinking_budget, bool thinking_open,
-             int32_t think_open_id, int32_t think_close_id, std::vector<int32_t> thinking_close_ids) {
+             int32_t think_open_id, int32_t think_close_id, std::vector<int32_t> thinking_close_ids,
+             std::optional<CompileOutcome> constraint, int32_t constraint_start_after,
+             const std::string& constraint_prefix) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -277,6 +284,10 @@ void bind_engine_class(py::module_& m) {
             p.thinking.open_id = think_open_id;
             p.thinking.close_id = think_close_id;
             p.thinking.close_ids = std::move(thinking_close_ids);
+            if (constraint) {
+              p.constraint = ConstraintRequest{constraint->constraint, constraint_start_after, constraint->cache,
+                                               constraint->seconds, constraint_prefix};
+            }
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -286,9 +297,27 @@ void bind_engine_class(py::module_& m) {
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
           py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("thinking_budget") = -1,
           py::arg("thinking_open") = false, py::arg("think_open_id") = -1, py::arg("think_close_id") = -1,
-          py::arg("thinking_close_ids") = std::vector<int32_t>{},
+          py::arg("thinking_close_ids") = std::vector<int32_t>{}, py::arg("constraint") = py::none(),
+          py::arg("constraint_start_after") = -1, py::arg("constraint_prefix") = "",
           "thinking_budget >= 0 caps the tokens committed while thinking is open: then "
-          "thinking_close_ids are committed without sampling (see engine/thinking_budget.h).")
+          "thinking_close_ids are committed without sampling (see engine/thinking_budget.h). "
+          "constraint: a compiled grammar; tokens outside it are never sampled.")
+      .def(
+          "compile_grammar",
+          [](PyEngine& self, const std::string& kind, const std::string& source, const std::string& lead) {
+            GrammarCompiler* compiler = nullptr;
+            {
+              py::gil_scoped_release release;
+              compiler = &self.engine->grammars();
+            }
+            return compile_grammar(*compiler, kind, source, lead);
+          },
+          py::arg("kind"), py::arg("source"), py::arg("lead") = "",
+          "Compiles (or finds in the cache) an output constraint over this engine's vocabulary.")
+      .def(
+          "set_grammar_special_ids",
+          [](PyEngine& self, std::vector<int32_t> ids) { self.engine->set_grammar_special_ids(std::move(ids)); },
+          py::arg("ids"), "Control tokens no output constraint may produce; before the first compile.")
       .def(
           "cancel", [](PyEngine& self, uint64_t id) { self.engine->cancel(id); }, py::arg("request_id"),
           py::call_guard<py::gil_scoped_release>())
@@ -424,6 +453,7 @@ void bind_sampling_tools(py::module_& m) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  bind_grammar(m);
   bind_events(m);
   bind_engine_class(m);
   bind_sampling_tools(m);

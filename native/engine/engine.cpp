@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "engine/constraint_matcher.h"
+
 namespace ninfer {
 
 namespace {
@@ -32,6 +34,10 @@ class InjectedOutOfMemory : public std::bad_alloc {
  public:
   const char* what() const noexcept override { return "injected out-of-memory condition"; }
 };
+// The error of a constrained request whose output has no legal continuation (the server
+// matches the prefix).
+constexpr const char* kDeadEndError =
+    "constraint_dead_end: the output so far has no legal next token under its constraint";
 
 // One sampling thread per lane, up to the machine's hardware threads.
 int sampling_threads(int lanes) {
@@ -121,6 +127,12 @@ std::string Engine::validate(const GenerationParams& p) const {
                std::to_string(vocab_size_) + ")";
   }
   if (t.open_id >= vocab_size_ || t.close_id >= vocab_size_) return "thinking marker ids are outside the vocabulary";
+  if (p.constraint) {
+    if (!p.constraint->grammar) return "the constraint has no compiled grammar";
+    if (p.ignore_eos) return "a constrained request ends at the model's EOS, so ignore_eos cannot be set";
+    if (p.constraint->start_after >= vocab_size_)
+      return "the constraint's start token " + std::to_string(p.constraint->start_after) + " is outside the vocabulary";
+  }
   return {};
 }
 
@@ -161,7 +173,15 @@ SubmitResult Engine::submit(GenerationParams params) {
                      std::to_string(options_.max_pending) + " pending slots are in use";
     return result;
   }
-  auto seq = std::make_shared<Sequence>(next_id_++, std::move(params), output_cap, seed);
+  std::shared_ptr<Sequence> seq;
+  try {
+    seq = std::make_shared<Sequence>(next_id_, std::move(params), output_cap, seed, vocab_size_);
+  } catch (const std::invalid_argument& e) {  // a constraint prefix the grammar rejects
+    result.status = SubmitStatus::InvalidRequest;
+    result.message = e.what();
+    return result;
+  }
+  ++next_id_;
   seq->submitted = now;
   if (options_.pending_timeout_ms > 0) seq->deadline = now + std::chrono::milliseconds(options_.pending_timeout_ms);
   result.request_id = seq->id;
@@ -244,6 +264,27 @@ void Engine::throw_if_injected() {
 
 bool Engine::is_eos(int32_t token) const { return contains(options_.eos_ids, token); }
 
+void Engine::set_grammar_special_ids(std::vector<int32_t> ids) {
+  std::lock_guard lock(grammar_mu_);
+  if (grammars_) throw std::logic_error("the grammar vocabulary is fixed once a grammar has been compiled");
+  grammar_special_ids_ = std::move(ids);
+}
+
+GrammarCompiler& Engine::grammars() {
+  std::lock_guard lock(grammar_mu_);
+  if (!grammars_)
+    grammars_ = std::make_unique<GrammarCompiler>(token_bytes_, vocab_size_, options_.eos_ids, grammar_special_ids_);
+  return *grammars_;
+}
+
+bool Engine::mask_constrained_row(Sequence& seq, std::span<float> logits) const {
+  thread_local std::vector<uint32_t> bitmask;
+  bitmask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
+  if (seq.constraint->fill_next_mask(bitmask) == 0) return false;
+  apply_token_bitmask(logits, bitmask);
+  return true;
+}
+
 std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq) const {
   if (static_cast<int32_t>(seq.output.size()) >= seq.params.min_tokens) return {};
   std::vector<int32_t> ids = seq.params.stop_token_ids;
@@ -278,6 +319,7 @@ void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) cons
   event.finished = true;
   event.finish_reason = reason;
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
+  if (seq.constraint) event.constraint = seq.constraint->settle();
   count_outcome(event);
 }
 
@@ -420,7 +462,9 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
 
 void Engine::plan_device_sampling() {
   sampling_.clear();
+  dead_ends_.clear();
   std::vector<int32_t> tokens, counts;
+  std::vector<uint32_t> mask;
   for (size_t i = 0; i < step_.rows.size(); ++i) {
     if (!step_.batch.slices[i].wants_logits) continue;
     Sequence& seq = *step_.rows[i];
@@ -442,7 +486,15 @@ void Engine::plan_device_sampling() {
         counts.push_back(count);
       }
     }
-    sampling_.add_row(row, tokens, counts, suppressed_ids(seq));
+    // A constrained row's mask goes up with the batch; the device sampler applies it.
+    mask.clear();
+    bool dead_end = false;
+    if (seq.constrained_now()) {
+      mask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
+      dead_end = seq.constraint->fill_next_mask(mask) == 0;
+    }
+    dead_ends_.push_back(dead_end ? 1 : 0);
+    sampling_.add_row(row, tokens, counts, suppressed_ids(seq), mask);
   }
   sampled_ids_.assign(sampling_.rows.size(), kSampledNothing);
 }
@@ -487,14 +539,26 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
         token = *forced;  // the thinking budget closes thinking: committed without sampling
       } else if (sampled_on_device) {
         token = sampled_ids_[static_cast<size_t>(row.logit_row)];
+        if (token < 0 && dead_ends_[static_cast<size_t>(row.logit_row)]) {
+          finish(seq, row.event, FinishReason::Error);
+          row.event.error = kDeadEndError;
+          return;
+        }
         if (token < 0) throw std::runtime_error(sampled_code_error(token));
         if (token >= vocab_size_) throw std::runtime_error("the device sampler chose id " + std::to_string(token) +
                                                            ", outside the vocabulary");
       } else {
-        float* logits = logits_.data() + static_cast<int64_t>(row.logit_row) * vocab_size_;
-        token = seq.sampler.sample(std::span<float>(logits, static_cast<size_t>(vocab_size_)), seq.output_counts,
-                                   suppressed_ids(seq));
+        const std::span<float> logits(logits_.data() + static_cast<int64_t>(row.logit_row) * vocab_size_,
+                                      static_cast<size_t>(vocab_size_));
+        if (seq.constrained_now() && !mask_constrained_row(seq, logits)) {
+          finish(seq, row.event, FinishReason::Error);
+          row.event.error = kDeadEndError;
+          return;
+        }
+        token = seq.sampler.sample(logits, seq.output_counts, suppressed_ids(seq));
       }
+      if (seq.constraint && !seq.constraint->accept(token))
+        throw std::runtime_error("the grammar rejected sampled token " + std::to_string(token));
       tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
       if (!seq.output.empty()) decode_tokens_.fetch_add(1, std::memory_order_relaxed);
       commit_token(seq, token, row.event);

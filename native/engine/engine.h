@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "engine/engine_event.h"
 #include "engine/event_queue.h"
+#include "engine/grammar_compiler.h"
 #include "engine/generation_params.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
@@ -129,6 +130,13 @@ class Engine {
   bool samples_on_device() const { return options_.device_sampling && model_->samples_on_device(); }
   const std::vector<std::string>& token_bytes() const { return token_bytes_; }
 
+  // Control tokens that no output constraint may produce (they are not text). Only before
+  // the first grammars() call; throws std::logic_error after it.
+  void set_grammar_special_ids(std::vector<int32_t> ids);
+  // The compiler of output constraints over this engine's vocabulary, built on first use.
+  // Thread-safe; compiles run on the caller's thread, never on the worker.
+  GrammarCompiler& grammars();
+
  private:
   std::string validate(const GenerationParams& params) const;
   void run();
@@ -137,7 +145,8 @@ class Engine {
   bool step_boundary(std::vector<EngineEvent>& events);
   void execute_step(std::vector<EngineEvent>& events);
   // Fills sampling_ for the step's logit rows, drawing each sampling row's uniform value from
-  // its sequence's generator (as the host Sampler would during commit_step).
+  // its sequence's generator (as the host Sampler would during commit_step) and computing
+  // constrained rows' grammar masks, which the device sampler applies.
   void plan_device_sampling();
   // After a successful forward: advances every row, samples (or takes the ids sampled on the
   // device), applies stops. Thread-safe per row, so rows are committed on the sampling pool.
@@ -145,6 +154,8 @@ class Engine {
   void commit_token(Sequence& seq, int32_t token, EngineEvent& event) const;
   std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
   bool is_eos(int32_t token) const;
+  // Masks `logits` with the sequence's grammar; false at a dead end (no token allowed).
+  bool mask_constrained_row(Sequence& seq, std::span<float> logits) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
   void finish(Sequence& seq, EngineEvent& event, FinishReason reason) const;
   void count_outcome(const EngineEvent& event) const;
@@ -174,7 +185,12 @@ class Engine {
   std::vector<float> logits_;  // worker only
   SamplingBatch sampling_;     // worker only: this step's rows, when sampled on the device
   std::vector<int32_t> sampled_ids_;  // worker only: their chosen ids (or kSampled* codes)
+  std::vector<uint8_t> dead_ends_;    // worker only: rows whose grammar mask allowed nothing
   int consecutive_failures_ = 0;  // worker only
+
+  std::mutex grammar_mu_;  // guards grammars_ creation and grammar_special_ids_
+  std::vector<int32_t> grammar_special_ids_;
+  std::unique_ptr<GrammarCompiler> grammars_;
 
   std::atomic<bool> healthy_{true};
   std::atomic<uint64_t> requests_admitted_{0}, requests_finished_{0};

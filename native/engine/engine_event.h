@@ -2,8 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "engine/constraint_matcher.h"
 
 namespace ninfer {
 
@@ -41,6 +44,7 @@ struct EngineEvent {
   int32_t completion_tokens = 0;
   RequestTimings timings;
   std::string error;  // FinishReason::Error
+  std::optional<ConstraintStats> constraint;  // constrained requests, on the finished event
 };
 
 }  // namespace ninfer

@@ -2,11 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/thinking_budget.h"
+#include "engine/grammar_compiler.h"
 
 namespace ninfer {
 
@@ -20,6 +22,16 @@ struct SamplingParams {
   std::optional<uint64_t> seed;    // none = fresh entropy
 };
 
+// An output constraint compiled before submit (GrammarCompiler::compile).
+struct ConstraintRequest {
+  std::shared_ptr<const CompiledConstraint> grammar;
+  int32_t start_after = -1;  // >= 0: unconstrained until this token is generated (</think>)
+  CacheResult cache = CacheResult::Built;
+  double prepare_seconds = 0.0;  // the compile or cache wait that preceded submit
+  std::string prefix;  // answer text already given (an assistant prefill): the grammar
+                       // consumes it before the first generated token
+};
+
 struct GenerationParams {
   std::vector<int32_t> prompt;
   int32_t max_tokens = 16;  // >= 0; 0 = prompt processing only
@@ -29,6 +41,7 @@ struct GenerationParams {
   bool ignore_eos = false;
   int32_t min_tokens = 0;  // eos, stop ids and stop strings are inert until this many tokens
   ThinkingBudgetParams thinking;  // an optional thinking-token cap (thinking_budget.h)
+  std::optional<ConstraintRequest> constraint;  // tokens outside the grammar are never sampled
 };
 
 }  // namespace ninfer

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/constraint_matcher.h"
 #include "engine/generation_params.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -22,13 +23,23 @@ using EngineClock = std::chrono::steady_clock;
 enum class Phase : uint8_t { Pending, Prefilling, Decoding, Finished };
 
 struct Sequence {
-  Sequence(uint64_t id_, GenerationParams params_, int32_t output_cap_, uint64_t seed)
+  Sequence(uint64_t id_, GenerationParams params_, int32_t output_cap_, uint64_t seed, int64_t vocab_size)
       : id(id_),
         params(std::move(params_)),
         output_cap(output_cap_),
         sampler(params.sampling, seed),
         stops(params.stop_strings),
-        thinking(params.thinking) {}
+        thinking(params.thinking) {
+    if (params.constraint) {
+      constraint.emplace(params.constraint->grammar, vocab_size, params.constraint->start_after,
+                         params.constraint->prefix);
+      constraint->stats().cache = params.constraint->cache;
+      constraint->stats().prepare_seconds = params.constraint->prepare_seconds;
+    }
+  }
+
+  // Whether this step's draw is under a grammar mask.
+  bool constrained_now() const { return constraint && constraint->active(); }
 
   int32_t prompt_len() const { return static_cast<int32_t>(params.prompt.size()); }
   int32_t prompt_left() const { return prompt_len() - cached; }
@@ -46,6 +57,7 @@ struct Sequence {
   Sampler sampler;
   StopMatcher stops;
   ThinkingBudget thinking;
+  std::optional<ConstraintMatcher> constraint;  // from params.constraint
 
   EngineClock::time_point submitted{};
   std::optional<EngineClock::time_point> deadline;  // pending only

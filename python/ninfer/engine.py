@@ -84,6 +84,7 @@ def _to_event(core_event: Any) -> EngineEvent:
             core_event.decode_share_ms,
         ),
         error=core_event.error,
+        constraint=getattr(core_event, "constraint", None),
     )
 
 
@@ -94,6 +95,16 @@ def _thinking_budget_options(budget: ThinkingBudget) -> dict[str, Any]:
         "think_open_id": -1 if budget.open_id is None else budget.open_id,
         "think_close_id": -1 if budget.close_id is None else budget.close_id,
         "thinking_close_ids": list(budget.close_ids),
+    }
+
+
+def _constraint_arguments(request: GenerationRequest) -> dict[str, Any]:
+    if request.constraint is None:
+        return {}
+    return {
+        "constraint": request.constraint,
+        "constraint_start_after": request.constraint_start_after,
+        "constraint_prefix": request.constraint_prefix,
     }
 
 
@@ -278,6 +289,7 @@ class AsyncEngine:
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
             **(_thinking_budget_options(budget) if budget is not None else {}),
+            **_constraint_arguments(request),
         )
         status = result.status
         if status == "overloaded":
@@ -292,6 +304,11 @@ class AsyncEngine:
         handle.seed = result.seed  # the sampler's seed, drawn by the core when none was given
         self._handles[result.request_id] = handle
         return handle
+
+    def compile_constraint(self, kind: str, source: str, lead: str = "") -> Any:
+        """Compiles (or finds in the cache) an output constraint; blocking, so call it off the
+        event loop. Raises ValueError (the core's GrammarError) when the source is rejected."""
+        return self._core.compile_grammar(kind, source, lead)
 
     async def warmup(self) -> None:
         """Runs a tiny greedy generation so the first real request does not pay for

@@ -44,6 +44,7 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         threads=config.threads,
         device=config.device,
     )
+    core.set_grammar_special_ids(tokenizer.special_token_ids())
     chat_template = None
     if artifact.has_resource("chat_template.jinja"):
         chat_template = artifact.resource("chat_template.jinja").decode()

@@ -7,6 +7,7 @@ here knows about HTTP; nothing in the protocol layer touches the native core dir
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -46,6 +47,11 @@ class GenerationRequest:
     ignore_eos: bool = False
     min_tokens: int = 0  # eos and stops are suppressed until this many tokens exist
     thinking_budget: ThinkingBudget | None = None
+    # A grammar compiled by AsyncEngine.compile_constraint: tokens outside it are never
+    # sampled. It applies after `constraint_start_after` is generated (-1: from the start).
+    constraint: Any = None
+    constraint_start_after: int = -1
+    constraint_prefix: str = ""  # answer text already given (a prefill), consumed first
 
 
 @dataclass(slots=True)
@@ -75,6 +81,7 @@ class EngineEvent:
     completion_tokens: int = 0
     timings: Timings | None = None  # set on the finished event
     error: str | None = None
+    constraint: dict[str, Any] | None = None  # constrained requests: the matcher's counters
 
 
 class EngineError(Exception):

@@ -11,6 +11,7 @@ import msgspec
 
 from ninfer.engine_types import EngineEvent
 from ninfer.outputs.channels import ChannelDelta
+from ninfer.protocols.constraints import compile_constraint, observation, observed_branch
 from ninfer.protocols.openai_chat import render
 from ninfer.protocols.openai_chat.lowering import LoweredChat, lower_chat_request
 from ninfer.protocols.openai_chat.protocol import decode_request
@@ -46,6 +47,10 @@ async def chat_completions(
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from None
     lowered = lower_chat_request(parsed, served)
+    if lowered.constraint is not None:
+        lowered.generation.constraint = await compile_constraint(served.engine, lowered.constraint)
+        if lowered.generation.constraint is None:  # optional and not enforceable here
+            lowered.constraint = None
     started = time.perf_counter()
     renderer = ChatRenderer(served.public_id)
     results: list[TurnResult] = []
@@ -89,9 +94,9 @@ async def _aggregate(
                 result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
             )
             prompt_ids = lowered.generation.prompt_ids if lowered.return_token_ids else None
-            await request.send_json(
-                200, renderer.aggregate(result, lowered.tools, timings, prompt_ids)
-            )
+            body = renderer.aggregate(result, lowered.tools, timings, prompt_ids)
+            _observe_constraint(body, lowered, result)
+            await request.send_json(200, body)
             return event
     raise no_final_event()
 
@@ -196,8 +201,19 @@ async def _send_stream_end(
     else:
         last = finish
     last["timings"] = timings  # llama.cpp puts timings on the last JSON chunk
+    _observe_constraint(last, lowered, result)
     await sse.event(last)
     await sse.finish()
+
+
+def _observe_constraint(body: dict[str, Any], lowered: LoweredChat, result: TurnResult) -> None:
+    """The constraint observation, once per response (aggregate body or last chunk)."""
+    if lowered.constraint is None:
+        return
+    branch = observed_branch(
+        lowered.constraint, has_calls=bool(result.tool_calls), has_content=bool(result.content)
+    )
+    body["constraint"] = observation(result.event.constraint, branch=branch)
 
 
 def _log_done(

@@ -96,7 +96,13 @@ async def wait_for_lane_streaming(
     await watcher.race(await_with_heartbeat(handle.admitted(), keep_alive_s, sse.keep_alive))
 
 
+CONSTRAINT_DEAD_END = "constraint_dead_end"  # the core's error prefix for an empty mask
+
+
 def raise_if_failed(event: EngineEvent) -> None:
+    if event.finish_reason == "error" and (event.error or "").startswith(CONSTRAINT_DEAD_END):
+        # The request's own constraint allows no continuation of what was generated.
+        raise ApiError(400, event.error or CONSTRAINT_DEAD_END, code=CONSTRAINT_DEAD_END)
     if event.finish_reason == "error":
         raise ApiError(
             500, f"generation failed: {event.error or 'engine error'}", code="engine_error"

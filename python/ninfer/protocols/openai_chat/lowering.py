@@ -6,12 +6,19 @@ from dataclasses import dataclass, field
 
 from ninfer.engine_types import GenerationRequest
 from ninfer.prompt.template_options import TemplateOptions
+from ninfer.protocols.constraints import (
+    GrammarSpec,
+    parse_response_format,
+    parse_structured_outputs,
+    single_output_constraint,
+)
 from ninfer.protocols.conversation import (
     Conversation,
     RenderedPrompt,
     ToolDefinition,
     render_conversation,
 )
+from ninfer.protocols.openai_chat.constraints import chat_constraint
 from ninfer.protocols.openai_chat.messages import lower_messages
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
 from ninfer.protocols.openai_chat.tools import callable_tools, parse_tools
@@ -32,6 +39,7 @@ class LoweredChat:
     return_progress: bool = False
     return_token_ids: bool = False
     tools: list[ToolDefinition] = field(default_factory=list)
+    constraint: GrammarSpec | None = None  # compiled into generation.constraint before submit
 
     @property
     def prompt_tokens(self) -> int:
@@ -87,6 +95,11 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
             "max_completion_tokens",
         ),
     )
+    output = single_output_constraint(
+        parse_response_format(request.response_format, "response_format", nested=True),
+        parse_structured_outputs(request.structured_outputs),
+    )
+    constraint = chat_constraint(request, conversation.tools, output, generation, served, prompt)
     stream = bool(request.stream)
     return LoweredChat(
         generation,
@@ -97,6 +110,7 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         return_progress=stream and bool(request.return_progress),
         return_token_ids=bool(request.return_token_ids),
         tools=conversation.tools,
+        constraint=constraint,
     )
 
 
@@ -131,12 +145,6 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
         raise unsupported("logit_bias", "logit biases are not applied to the sampler")
     if request.repetition_penalty not in (None, 1, 1.0):
         raise unsupported("repetition_penalty", "only the neutral value 1 is accepted")
-    if request.response_format is not None and request.response_format.get("type") != "text":
-        raise unsupported(
-            "response_format", "JSON mode and JSON Schema are not available in this build"
-        )
-    if request.structured_outputs is not None:
-        raise unsupported("structured_outputs", "constrained output is not available in this build")
     if request.modalities is not None and any(m != "text" for m in request.modalities):
         raise unsupported("modalities", "only text output is produced (no audio output)")
     if request.audio is not None:

@@ -57,6 +57,7 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
     return_progress: bool | None = None
     structured_outputs: Any = None
     parallel_tool_calls: bool | None = None
+    tool_constraints: str | None = None  # NInfer: "basic" (default) or "auto"
 
 
 def decode_request(body: bytes) -> ChatCompletionRequest:
