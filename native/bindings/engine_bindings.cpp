@@ -106,6 +106,31 @@ py::dict stats_dict(const EngineStats& s) {
   d["pending"] = s.pending;
   d["kv_pages_total"] = s.kv_pages_total;
   d["kv_pages_free"] = s.kv_pages_free;
+  d["kv_pages_cached"] = s.kv_pages_cached;
+  d["kv_capacity_tokens"] = s.kv_capacity_tokens;
+  d["paused"] = s.paused;
+  d["pauses"] = s.pauses;
+  d["prefix_reuse"] = s.prefix_reuse;
+  py::dict c;
+  const PrefixCacheStats& k = s.cache;
+  c["blocks"] = k.blocks;
+  c["unreferenced_blocks"] = k.unreferenced_blocks;
+  c["snapshots"] = k.snapshots;
+  c["snapshot_slots"] = k.snapshot_slots;
+  c["lookups"] = k.lookups;
+  c["hits"] = k.hits;
+  c["reused_tokens"] = k.reused_tokens;
+  c["snapshot_hits"] = k.snapshot_hits;
+  c["blocks_inserted"] = k.blocks_inserted;
+  c["blocks_duplicate"] = k.blocks_duplicate;
+  c["evicted_blocks"] = k.evicted_blocks;
+  c["snapshots_created"] = k.snapshots_created;
+  c["snapshots_evicted"] = k.snapshots_evicted;
+  c["taps_created"] = k.taps_created;
+  c["taps_skipped"] = k.taps_skipped;
+  c["endpoints_created"] = k.endpoints_created;
+  d["prefix_cache"] = c;
+  d["cache_problem"] = s.cache_problem;
   d["requests_admitted"] = s.requests_admitted;
   d["requests_finished"] = s.requests_finished;
   d["tokens_prefilled"] = s.tokens_prefilled;
@@ -131,8 +156,17 @@ SamplingParams make_sampling(float temperature, float top_p, int32_t top_k, floa
 }
 
 EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t prefill_chunk, int32_t max_pending,
-                           int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling) {
+                           int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling,
+                           int64_t kv_capacity, int64_t vram_headroom_mib, bool prefix_reuse, int32_t snapshot_slots,
+                           int32_t taps_per_request, int32_t tap_ladder, int32_t tap_min_gap) {
   EngineOptions o;
+  o.kv_capacity = kv_capacity;
+  o.vram_headroom_mib = vram_headroom_mib;
+  o.prefix_reuse = prefix_reuse;
+  o.snapshot_slots = snapshot_slots;
+  o.taps_per_request = taps_per_request;
+  o.tap_ladder = tap_ladder;
+  o.tap_min_gap = tap_min_gap;
   o.device_sampling = device_sampling;
   o.max_concurrency = max_concurrency;
   o.max_context = max_context;
@@ -181,7 +215,15 @@ void bind_events(py::module_& m) {
         return py::int_(e.stop_token);
       })
       .def_readonly("prompt_tokens", &EngineEvent::prompt_tokens)
+      .def_readonly("cached_tokens", &EngineEvent::cached_tokens)
       .def_readonly("completion_tokens", &EngineEvent::completion_tokens)
+      .def_property_readonly("logits",
+                             [](const EngineEvent& e) -> py::object {
+                               if (e.logits.empty()) return py::none();
+                               py::array_t<float> out(static_cast<py::ssize_t>(e.logits.size()));
+                               std::memcpy(out.mutable_data(), e.logits.data(), e.logits.size() * sizeof(float));
+                               return out;
+                             })
       .def_property_readonly("queue_ms", [](const EngineEvent& e) { return e.timings.queue_ms; })
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
@@ -200,7 +242,17 @@ void bind_engine_class(py::module_& m) {
   py::class_<EngineOptions>(m, "EngineOptions")
       .def(py::init(&make_options), py::kw_only(), py::arg("max_concurrency") = 1, py::arg("max_context") = 0,
            py::arg("prefill_chunk") = 512, py::arg("max_pending") = 16, py::arg("pending_timeout_ms") = 0,
-           py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("device_sampling") = true)
+           py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("device_sampling") = true,
+           py::arg("kv_capacity") = 0, py::arg("vram_headroom_mib") = 1024, py::arg("prefix_reuse") = true,
+           py::arg("snapshot_slots") = 0, py::arg("taps_per_request") = -1, py::arg("tap_ladder") = 0,
+           py::arg("tap_min_gap") = 0)
+      .def_readwrite("kv_capacity", &EngineOptions::kv_capacity)
+      .def_readwrite("vram_headroom_mib", &EngineOptions::vram_headroom_mib)
+      .def_readwrite("prefix_reuse", &EngineOptions::prefix_reuse)
+      .def_readwrite("snapshot_slots", &EngineOptions::snapshot_slots)
+      .def_readwrite("taps_per_request", &EngineOptions::taps_per_request)
+      .def_readwrite("tap_ladder", &EngineOptions::tap_ladder)
+      .def_readwrite("tap_min_gap", &EngineOptions::tap_min_gap)
       .def_readwrite("max_concurrency", &EngineOptions::max_concurrency)
       .def_readwrite("max_context", &EngineOptions::max_context)
       .def_readwrite("prefill_chunk", &EngineOptions::prefill_chunk)
@@ -244,7 +296,7 @@ void bind_engine_class(py::module_& m) {
           [](PyEngine& self, std::vector<int32_t> prompt_ids, int32_t max_tokens, float temperature, float top_p,
              int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
-             bool ignore_eos, int32_t min_tokens) {
+             bool ignore_eos, int32_t min_tokens, bool capture_logits) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -253,6 +305,7 @@ void bind_engine_class(py::module_& m) {
             p.stop_strings = stop_list(stop_strings);
             p.ignore_eos = ignore_eos;
             p.min_tokens = min_tokens;
+            p.capture_logits = capture_logits;
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -260,7 +313,7 @@ void bind_engine_class(py::module_& m) {
           py::arg("top_p") = 1.0f, py::arg("top_k") = 0, py::arg("min_p") = 0.0f, py::arg("presence_penalty") = 0.0f,
           py::arg("frequency_penalty") = 0.0f, py::arg("seed") = py::none(),
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
-          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0)
+          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("capture_logits") = false)
       .def(
           "cancel", [](PyEngine& self, uint64_t id) { self.engine->cancel(id); }, py::arg("request_id"),
           py::call_guard<py::gil_scoped_release>())
@@ -287,6 +340,9 @@ void bind_engine_class(py::module_& m) {
       .def_property_readonly("samples_on_device",
                              [](const PyEngine& self) { return self.engine->samples_on_device(); })
       .def_property_readonly("max_context", [](const PyEngine& self) { return self.engine->options().max_context; })
+      .def_property_readonly("kv_capacity",
+                             [](const PyEngine& self) { return self.engine->stats().kv_capacity_tokens; })
+      .def_property_readonly("options", [](const PyEngine& self) { return self.engine->options(); })
       .def_property_readonly("max_concurrency",
                              [](const PyEngine& self) { return self.engine->options().max_concurrency; })
       .def_property_readonly("eos_ids", [](const PyEngine& self) { return self.engine->options().eos_ids; })

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/kv_pool.h"
+#include "cache/prefix_cache.h"
 #include "common/thread_pool.h"
 #include "engine/engine_event.h"
 #include "engine/event_queue.h"
@@ -37,11 +38,21 @@ struct EngineOptions {
   std::vector<int32_t> eos_ids;    // end-of-sequence ids of the model (merged)
   bool device_sampling = true;     // sample on the model's device when it can (only the
                                    // chosen ids come back); false keeps host sampling
+  // Shared KV pool, in tokens: 0 = auto (the memory the model leaves, less the headroom).
+  int64_t kv_capacity = 0;
+  int64_t vram_headroom_mib = 1024;  // auto: memory left free after sizing the pool
+  bool prefix_reuse = true;          // reuse cached prefixes across requests
+  // Hybrid models (recurrent state): snapshot slots and prefill taps; 0 / -1 = the defaults.
+  int32_t snapshot_slots = 0;        // default max_concurrency + 3 (no host tier)
+  int32_t taps_per_request = -1;     // default 2 (no host tier); 0 = only decode endpoints
+  int32_t tap_ladder = 0;            // default max(4096, 2 * prefill_chunk)
+  int32_t tap_min_gap = 0;           // default max(1024, prefill_chunk)
 };
 
-// Pages a pool needs so that every lane can grow to the ceiling: admission then never waits
-// for memory and no request can be stranded.
+// Pages for every lane to reach max_context (the floor of automatic sizing).
 int64_t kv_pages_for(const EngineOptions& options);
+// Resolves the 0 / -1 snapshot and tap defaults above.
+EngineOptions resolve_cache_defaults(EngineOptions options);
 
 enum class SubmitStatus : uint8_t {
   Accepted,
@@ -64,7 +75,14 @@ struct EngineStats {
   int32_t running = 0;  // requests holding a lane
   int32_t pending = 0;  // requests waiting for one
   int64_t kv_pages_total = 0;
-  int64_t kv_pages_free = 0;
+  int64_t kv_pages_free = 0;    // pages a request could take: free, or cached and unreferenced
+  int64_t kv_pages_cached = 0;  // pages the prefix cache holds (mapped or not)
+  int64_t kv_capacity_tokens = 0;
+  int32_t paused = 0;           // requests paused for memory, waiting to be restored
+  uint64_t pauses = 0;
+  bool prefix_reuse = false;
+  PrefixCacheStats cache;
+  std::string cache_problem;    // "" while the cache's invariants hold
   uint64_t requests_admitted = 0;
   uint64_t requests_finished = 0;
   uint64_t tokens_prefilled = 0;
@@ -120,6 +138,14 @@ class Engine {
   // device), applies stops. Thread-safe per row, so rows are committed on the sampling pool.
   void commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done, bool sampled_on_device);
   void commit_token(Sequence& seq, int32_t token, EngineEvent& event) const;
+  // mu_ held: the admitted request's cached prefix (pages, and the state snapshot on a hybrid
+  // model) and, at its first admission, its prefill taps.
+  void restore_prefix(Sequence& seq);
+  void plan_taps(Sequence& seq) const;
+  // After a step: publishes full blocks, takes planned and decode-endpoint snapshots.
+  void cache_step(Sequence& seq);
+  // The ceiling of prompt + output: max_context, or the KV pool when it is smaller.
+  int32_t context_ceiling() const;
   std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
   bool is_eos(int32_t token) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
@@ -134,6 +160,7 @@ class Engine {
   const EngineOptions options_;
   const std::vector<std::string> token_bytes_;
   const int64_t vocab_size_;
+  std::unique_ptr<PrefixCache> cache_;  // null with prefix reuse off
 
   mutable std::mutex mu_;  // guards scheduler_, live_, pool_ bookkeeping, stopping_
   std::condition_variable wake_;

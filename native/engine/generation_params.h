@@ -26,6 +26,9 @@ struct GenerationParams {
   std::vector<std::string> stop_strings;  // matched on bytes across token boundaries
   bool ignore_eos = false;
   int32_t min_tokens = 0;  // eos, stop ids and stop strings are inert until this many tokens
+  // Tests: each event carries the float logits its tokens were sampled from (host sampling
+  // only; a device-sampled step has none to give).
+  bool capture_logits = false;
 };
 
 }  // namespace ninfer

@@ -73,9 +73,10 @@ class LlamaModel final : public Model {
     if (kv.num_layers() != cfg_.layers || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
       throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
     backend_ = make_backend(options.device, options.threads);
-    backend_->bind_kv(kv_);
     load_weights();
     allocate_activations();
+    // Last: with --kv-capacity auto the pool takes what the weights and workspaces leave.
+    backend_->bind_kv(kv_);
     if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
   }
 

@@ -227,6 +227,9 @@ void CudaBackend::bind_kv(KvPool& kv) {
     throw std::invalid_argument("CUDA attention: head_dim " + std::to_string(kv.head_dim()) +
                                 " is not supported (64, 128 or 256)");
   activate();
+  size_t free_bytes = 0, total_bytes = 0;
+  NINFER_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  kv.resolve_size(static_cast<int64_t>(free_bytes), 2);
   const size_t bytes = static_cast<size_t>(kv.storage_elems()) * 2;
   void* p = nullptr;
   NINFER_CUDA_CHECK(cudaMalloc(&p, bytes));
