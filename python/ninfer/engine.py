@@ -63,6 +63,13 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         max_pending=config.max_pending_requests,
         pending_timeout_ms=config.pending_timeout_ms,
         eos_ids=list(eos_ids),
+        kv_capacity=config.kv_capacity,
+        vram_headroom_mib=config.vram_headroom_mib,
+        prefix_reuse=config.prefix_reuse,
+        snapshot_slots=config.snapshot_slots,
+        taps_per_request=config.taps_per_request,
+        tap_ladder=config.tap_ladder,
+        tap_min_gap=config.tap_min_gap,
     )
 
 
@@ -78,6 +85,7 @@ def _to_event(core_event: Any) -> EngineEvent:
         completion_tokens=core_event.completion_tokens,
         timings=Timings(core_event.queue_ms, core_event.prompt_ms, core_event.predicted_ms),
         error=core_event.error,
+        cached_tokens=core_event.cached_tokens,
     )
 
 
@@ -93,6 +101,7 @@ class RequestHandle:
         self._finished = False  # the core reported the end (event queued or admission failed)
         self._consumed = False  # the consumer received the finished event
         self._cancel_sent = False
+        self.cached_tokens = 0  # the prefix cache's reuse, known once admitted
 
     async def admitted(self) -> None:
         await self._admission.wait()
@@ -148,6 +157,7 @@ class RequestHandle:
     def _deliver(self, core_event: Any) -> None:
         kind = core_event.kind
         if kind == "admitted":
+            self.cached_tokens = getattr(core_event, "cached_tokens", 0)
             self._admission.set()
             return
         if kind == "queue_timeout":
@@ -184,7 +194,9 @@ class AsyncEngine:
         self._core = core
         self.tokenizer = tokenizer
         self.header: dict[str, Any] = header or {}
-        self.max_context: int = core.max_context
+        # The ceiling of one request: --max-context, or the shared KV pool when it is smaller.
+        self.kv_capacity: int | None = getattr(core, "kv_capacity", None)
+        self.max_context: int = min(core.max_context, self.kv_capacity or core.max_context)
         self.model_info: dict[str, Any] = model_info or self._default_model_info()
         self._chat_template = chat_template
         self._handles: weakref.WeakValueDictionary[int, RequestHandle] = (
@@ -214,8 +226,9 @@ class AsyncEngine:
         info = self._core.model_info
         return {
             "n_vocab": info["vocab_size"],
-            "n_ctx": self._core.max_context,
+            "n_ctx": self.max_context,
             "n_ctx_train": info["max_position_embeddings"],
+            "kv_capacity": self.kv_capacity,
             "n_embd": info["hidden_size"],
             "n_params": info["num_params"],
             "size": info["weight_bytes"],

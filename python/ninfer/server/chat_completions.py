@@ -79,7 +79,10 @@ async def _aggregate(
             _, result = turn.finish(event)
             results.append(result)
             timings = render.llama_timings(
-                result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+                result.timings,
+                result.usage.prompt_tokens,
+                result.usage.completion_tokens,
+                result.usage.cached_tokens,
             )
             prompt_ids = lowered.generation.prompt_ids if lowered.return_token_ids else None
             await request.send_json(
@@ -104,12 +107,13 @@ async def _stream(
     try:
         await wait_for_lane_streaming(handle, watcher, sse, config.keep_alive_s)
         turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)  # its clock starts now
+        turn.cached_tokens = getattr(handle, "cached_tokens", 0)
         first = renderer.role_chunk()
         if lowered.return_token_ids:
             first["prompt_token_ids"] = lowered.generation.prompt_ids
         await sse.event(first)
         if lowered.return_progress:
-            await sse.event(renderer.progress_chunk(_progress(total, 0, turn)))
+            await sse.event(renderer.progress_chunk(_progress(total, turn.cached_tokens, turn)))
         prompt_done = False
         events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
         async with contextlib.aclosing(events):
@@ -142,7 +146,12 @@ async def _stream(
 
 def _progress(total: int, processed: int, turn: TurnDecoder) -> dict[str, Any]:
     elapsed = (time.perf_counter() - turn.clock.admitted) * 1000.0
-    return {"total": total, "cache": 0, "processed": processed, "time_ms": round(elapsed)}
+    return {
+        "total": total,
+        "cache": turn.cached_tokens,
+        "processed": processed,
+        "time_ms": round(elapsed),
+    }
 
 
 async def _send_delta(
@@ -160,7 +169,10 @@ async def _send_delta(
     for chunk in chunks:
         if lowered.timings_per_token:
             chunk["timings"] = render.llama_timings(
-                turn.clock.snapshot(), lowered.prompt_tokens, turn.clock.committed
+                turn.clock.snapshot(),
+                lowered.prompt_tokens,
+                turn.clock.committed,
+                turn.cached_tokens,
             )
         await sse.event(chunk)
 
@@ -177,7 +189,10 @@ async def _send_stream_end(
             renderer.tool_calls_chunk(render.tool_calls(result.tool_calls, lowered.tools))
         )
     timings = render.llama_timings(
-        result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+        result.timings,
+        result.usage.prompt_tokens,
+        result.usage.completion_tokens,
+        result.usage.cached_tokens,
     )
     finish = renderer.finish_chunk(result.finish_reason)
     if lowered.return_token_ids:
