@@ -351,6 +351,30 @@ void bind_engine_class(py::module_& m) {
       .def_property_readonly("model_info", [](const PyEngine& self) { return info_dict(self.engine->model_info()); })
       .def("shutdown", [](PyEngine& self) { self.engine->shutdown(); }, py::call_guard<py::gil_scoped_release>())
       .def(
+          "save_prefix_cache",
+          [](PyEngine& self, const std::string& path) {
+            CacheFileReport r;
+            {
+              py::gil_scoped_release release;
+              r = self.engine->save_prefix_cache(path);
+            }
+            return py::dict(py::arg("ok") = r.ok, py::arg("message") = r.message, py::arg("blocks") = r.blocks,
+                            py::arg("snapshots") = r.snapshots, py::arg("bytes") = r.bytes);
+          },
+          py::arg("path"), "After shutdown: writes the prefix cache to PATH.tmp, then renames it to PATH.")
+      .def(
+          "load_prefix_cache",
+          [](PyEngine& self, const std::string& path) {
+            CacheFileReport r;
+            {
+              py::gil_scoped_release release;
+              r = self.engine->load_prefix_cache(path);
+            }
+            return py::dict(py::arg("ok") = r.ok, py::arg("message") = r.message, py::arg("blocks") = r.blocks,
+                            py::arg("snapshots") = r.snapshots, py::arg("bytes") = r.bytes);
+          },
+          py::arg("path"), "Before the first submit: restores what PATH holds (a foreign or damaged file: nothing).")
+      .def(
           "toy_fail_next_forwards",
           [](PyEngine& self, int count) {
             if (!self.toy) throw py::value_error("only toy engines have injectable failures");

@@ -219,6 +219,51 @@ int64_t PrefixCache::unreferenced_blocks() const {
   return n;
 }
 
+std::vector<PrefixCache::BlockRecord> PrefixCache::export_blocks() const {
+  std::unordered_map<uint64_t, std::vector<uint64_t>> children;
+  for (const auto& [key, node] : nodes_) children[node.parent].push_back(key);
+  std::vector<BlockRecord> out;
+  std::vector<uint64_t> frontier{identity_};
+  while (!frontier.empty()) {  // breadth first from the root: parents precede children
+    std::vector<uint64_t> next;
+    for (uint64_t parent : frontier) {
+      auto it = children.find(parent);
+      if (it == children.end()) continue;
+      std::sort(it->second.begin(), it->second.end());  // deterministic order
+      for (uint64_t key : it->second) {
+        const Node& node = nodes_.at(key);
+        out.push_back({key, parent, node.tokens, node.page, node.slot});
+        next.push_back(key);
+      }
+    }
+    frontier = std::move(next);
+  }
+  return out;
+}
+
+uint64_t PrefixCache::adopt(uint64_t parent, std::span<const int32_t> tokens, int32_t page) {
+  if (tokens.size() != static_cast<size_t>(kPageTokens)) throw std::invalid_argument("adopt: a block has 64 tokens");
+  const uint64_t key = chain_key(parent, tokens);
+  if (nodes_.count(key) || (parent != identity_ && !nodes_.count(parent))) {
+    pool_.release(page);
+    return 0;
+  }
+  if (parent != identity_) {
+    Node& up = nodes_.at(parent);
+    if (up.children++ == 0) leaf_erase(parent, up);
+  }
+  Node node;
+  node.parent = parent;
+  node.page = page;
+  node.tokens.assign(tokens.begin(), tokens.end());
+  node.tick = ++clock_;
+  auto [inserted, ok] = nodes_.emplace(key, std::move(node));
+  (void)ok;
+  leaf_insert(key, inserted->second);
+  ++stats_.blocks_inserted;
+  return key;
+}
+
 PrefixCacheStats PrefixCache::stats() const {
   PrefixCacheStats s = stats_;
   s.blocks = static_cast<int64_t>(nodes_.size());

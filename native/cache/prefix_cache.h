@@ -83,6 +83,7 @@ class PrefixCache {
 
   // Snapshots, keyed by the block whose end they are the state at.
   bool has_snapshot(uint64_t key) const;
+  bool has_free_slot() const { return !free_slots_.empty(); }
   // A free slot, evicting the least recently used snapshot when none is; -1 without slots.
   int acquire_slot();
   // Gives the slot to block `key`'s snapshot (the caller has filled it). The slot returns to
@@ -94,6 +95,20 @@ class PrefixCache {
   bool evict_one();
   // Blocks eviction could free now (unreferenced ones: their subtrees are unreferenced too).
   int64_t unreferenced_blocks() const;
+
+  // The prefix cache file. Every block, parents before children: its key, its parent's key
+  // (root_key() for a first block), tokens, page and snapshot slot (-1: none).
+  struct BlockRecord {
+    uint64_t key = 0, parent = 0;
+    std::vector<int32_t> tokens;
+    int32_t page = -1;
+    int slot = -1;
+  };
+  std::vector<BlockRecord> export_blocks() const;
+  // Adds a block under `parent` (root_key() or a known block) whose page the caller filled;
+  // the tree takes over the caller's one reference to it. Returns the block's key, or 0 when
+  // the parent is unknown or the block exists already (the page is then released).
+  uint64_t adopt(uint64_t parent, std::span<const int32_t> tokens, int32_t page);
 
   PrefixCacheStats stats() const;
   // The engine's snapshot outcomes (a tap or decode endpoint taken, or skipped for lack of a slot).

@@ -93,6 +93,13 @@ struct EngineStats {
   bool healthy = true;
 };
 
+// What a prefix cache file save or load did.
+struct CacheFileReport {
+  bool ok = false;
+  std::string message;  // why not, or what was done
+  int64_t blocks = 0, snapshots = 0, bytes = 0;
+};
+
 class Engine {
  public:
   // Failed units of work in a row after which the engine gives up (spec: eight recoveries).
@@ -117,6 +124,14 @@ class Engine {
   bool healthy() const { return healthy_.load(); }
   // Fails every request with "the engine is shutting down" and joins the worker. Idempotent.
   void shutdown();
+
+  // The prefix cache file (engine/prefix_cache_file.cpp). Save: after shutdown, every cached
+  // block and snapshot to PATH.tmp, then renamed over PATH (a cut save leaves PATH as it
+  // was). Load: before the first submit, as many blocks and snapshots as the pool and slots
+  // hold; a missing file, one written for another model, KV format or build, or a damaged one
+  // restores nothing and says why.
+  CacheFileReport save_prefix_cache(const std::string& path);
+  CacheFileReport load_prefix_cache(const std::string& path);
 
   const EngineOptions& options() const { return options_; }
   const ModelInfo& model_info() const { return model_->info(); }

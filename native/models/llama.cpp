@@ -84,6 +84,7 @@ class LlamaModel final : public Model {
   void forward(const BatchPlan& plan, float* logits) override;
   bool samples_on_device() const override { return backend_->samples_on_device(); }
   void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
+  void kv_page_io(int32_t page, void* host, bool to_host) override { backend_->kv_page_io(kv_, page, host, to_host); }
 
  private:
   struct Layer {

@@ -95,6 +95,12 @@ class Model {
   virtual void resume_lane(int lane, int32_t position, int slot) {
     (void)lane, (void)position, (void)slot;
   }
+  // Prefix cache file: copies one KV page (every layer, in the pool's storage type:
+  // KvPool::page_bytes) or one snapshot slot (snapshot_floats() floats) between the model's
+  // memory and host memory. std::logic_error where the model cannot.
+  virtual void kv_page_io(int32_t page, void* host, bool to_host);
+  virtual int64_t snapshot_floats() const { return 0; }
+  virtual void snapshot_io(int slot, float* host, bool to_host);
 
  protected:
   // forward_sampled's precondition: one sampling row per logit row (std::invalid_argument).

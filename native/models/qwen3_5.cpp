@@ -95,6 +95,9 @@ class Qwen35Model final : public Model, public MtpHead {
   int snapshot_slots() const override { return has_recurrent_state() ? options_.snapshot_slots : 0; }
   void save_snapshot(int lane, int slot) override;
   void resume_lane(int lane, int32_t position, int slot) override;
+  void kv_page_io(int32_t page, void* host, bool to_host) override { backend_->kv_page_io(kv_, page, host, to_host); }
+  int64_t snapshot_floats() const override { return lane_state_floats(); }
+  void snapshot_io(int slot, float* host, bool to_host) override;
 
   int64_t mtp_layers() const override { return cfg_.mtp_layers; }
   void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
@@ -369,6 +372,18 @@ void Qwen35Model::save_snapshot(int lane, int slot) {
     throw std::logic_error("save_snapshot: lane " + std::to_string(lane) + "'s state is undefined after a failed step");
   backend_->copy(snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats(), conv_state(lane, 0),
                  lane_state_floats());
+}
+
+void Qwen35Model::snapshot_io(int slot, float* host, bool to_host) {
+  if (slot < 0 || slot >= snapshot_slots()) throw std::invalid_argument("snapshot_io: slot out of range");
+  float* at = snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats();
+  backend_->synchronize();
+  if (to_host) {
+    backend_->copy_to_host(host, at, lane_state_floats());
+  } else {
+    backend_->copy_from_host(at, host, lane_state_floats());
+    backend_->synchronize();
+  }
 }
 
 void Qwen35Model::resume_lane(int lane, int32_t position, int slot) {

@@ -205,6 +205,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._failure_logged = False
+        self.prefix_cache_file: str | None = None  # saved on close when set
 
     # --- construction --------------------------------------------------------------------
 
@@ -214,13 +215,16 @@ class AsyncEngine:
         from ninfer.engine_loading import load_engine_parts
 
         parts = load_engine_parts(Path(artifact_path), config)
-        return cls(
+        engine = cls(
             parts.core,
             tokenizer=parts.tokenizer,
             header=parts.header,
             model_info=parts.model_info,
             chat_template=parts.chat_template,
         )
+        if config.prefix_cache_file:
+            engine.load_prefix_cache(config.prefix_cache_file)
+        return engine
 
     def _default_model_info(self) -> dict[str, Any]:
         info = self._core.model_info
@@ -311,6 +315,21 @@ class AsyncEngine:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.event_fd)
         self._loop = None
+        if self.prefix_cache_file:
+            _log.info("saving the prefix cache to %s", self.prefix_cache_file)
+            report = await asyncio.to_thread(self._core.save_prefix_cache, self.prefix_cache_file)
+            (_log.info if report["ok"] else _log.error)("prefix cache: %s", report["message"])
+
+    def load_prefix_cache(self, path: str) -> dict[str, Any]:
+        """Restores the prefix cache from `path` (before serving) and saves it there on close."""
+        self.prefix_cache_file = path
+        _log.info("reading the prefix cache file %s", path)
+        report = self._core.load_prefix_cache(path)
+        missing = not report["ok"] and report["message"].startswith("no prefix cache file")
+        (_log.info if report["ok"] or missing else _log.warning)(
+            "prefix cache: %s", report["message"]
+        )
+        return report
 
     # --- event routing -------------------------------------------------------------------
 

@@ -104,3 +104,4 @@ class EngineConfig:
     taps_per_request: int = -1  # hybrid: prefill snapshots per request; -1 = 2
     tap_ladder: int = 0  # hybrid: ladder base G; 0 = max(4096, 2 * prefill_chunk)
     tap_min_gap: int = 0  # hybrid: minimum tap spacing; 0 = max(1024, prefill_chunk)
+    prefix_cache_file: str | None = None  # restore the cache from it at open, save on close

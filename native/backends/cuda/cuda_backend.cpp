@@ -243,6 +243,23 @@ void CudaBackend::bind_kv(KvPool& kv) {
                      DType::BF16, where});
 }
 
+void CudaBackend::kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) {
+  bind_kv(kv);
+  if (page < 0 || page >= kv.num_pages()) throw std::out_of_range("kv_page_io: page outside the pool");
+  activate();
+  const size_t piece = static_cast<size_t>(kv.page_elems()) * 2;  // bf16
+  auto* base = static_cast<std::byte*>(kv.storage().memory.get());
+  auto* at = static_cast<std::byte*>(host);
+  for (int64_t layer = 0; layer < kv.num_layers(); ++layer)
+    for (int which = 0; which < 2; ++which, at += piece) {
+      std::byte* stored = base + static_cast<size_t>(kv.page_offset(layer, page, which)) * 2;
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(to_host ? static_cast<void*>(at) : static_cast<void*>(stored),
+                                        to_host ? static_cast<const void*>(stored) : static_cast<const void*>(at),
+                                        piece, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_));
+    }
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 Weight CudaBackend::random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) {
   if (rows <= 0 || cols <= 0) throw std::invalid_argument("random_weight: rows and cols must be positive");
   activate();

@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void run_step(bool graphable, const std::function<void()>& enqueue) override;
   void bind_kv(KvPool& kv) override;
+  void kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) override;
   Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
 
   void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +48,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--vision-offload", True, "vision input"),
     ("--vision-max-merged", True, "vision input"),
     ("--no-cuda-graph", False, "CUDA graph decode"),
-    ("--prefix-cache-file", True, "the host tier of the prefix cache (persistence)"),
 )
 
 
@@ -59,6 +59,7 @@ ORIGINAL_CACHE_OPTIONS: tuple[tuple[str, bool], ...] = (
 )
 # Options of the hybrid cache that --no-prefix-reuse rejects.
 HYBRID_CACHE_OPTIONS = (
+    "prefix_cache_file",
     "device_snapshot_slots",
     "cache_taps_per_request",
     "cache_tap_ladder",
@@ -88,6 +89,16 @@ def _kv_capacity(text: str) -> int | None:
     if value < 64:
         raise argparse.ArgumentTypeError(f"{value} is out of range (at least 64 tokens, or auto)")
     return value
+
+
+def _cache_file(text: str) -> str:
+    path = os.path.abspath(text)  # relative to the launch directory
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path!r} is a folder, not a file")
+    return path
 
 
 def _host_context_mib(text: str) -> int:
@@ -267,6 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="pinned host tier of the prefix cache; this build has none, so only 0 (default: 0)",
+    )
+    cache.add_argument(
+        "--prefix-cache-file",
+        type=_cache_file,
+        default=None,
+        metavar="PATH",
+        help="restore the prefix cache from PATH at startup when it exists and matches this "
+        "model and build; save it there when the server stops (to PATH.tmp, then renamed) "
+        "(default: off)",
     )
     cache.add_argument(
         "--device-snapshot-slots",
