@@ -52,7 +52,7 @@ def run_turn(engine, prompt: list[int], answer: int) -> dict:
                         "total_s": time.perf_counter() - t0}  # fmt: skip
 
 
-def run_loop(path: Path, args, reuse: bool, vocab: int) -> list[dict]:
+def run_loop(path: Path, args, reuse: bool, vocab: int, deadline: float) -> list[dict]:
     rng = np.random.default_rng(0)
     max_context = args.start + args.turns * (args.grow + args.answer) + 256
     options = _core.EngineOptions(
@@ -61,6 +61,7 @@ def run_loop(path: Path, args, reuse: bool, vocab: int) -> list[dict]:
         prefill_chunk=args.prefill_chunk,
         prefix_reuse=reuse,
         kv_capacity=0 if reuse else max_context,
+        vram_headroom_mib=args.headroom_mib,
     )
     t0 = time.perf_counter()
     engine = _core.Engine.open(
@@ -77,6 +78,9 @@ def run_loop(path: Path, args, reuse: bool, vocab: int) -> list[dict]:
     history = rng.integers(0, vocab, size=args.start).tolist()
     rows, forwarded = [], 0
     for turn in range(args.turns):
+        if time.monotonic() > deadline:
+            print(f"[{label}] time budget spent after {turn} turns", flush=True)
+            break
         out = run_turn(engine, history, args.answer)
         row = {
             "turn": turn + 1,
@@ -110,6 +114,10 @@ def main() -> int:
     parser.add_argument("--modes", default="cache,no-reuse")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--artifact", type=Path, help="a real artifact instead of the shape")
+    parser.add_argument(
+        "--headroom-mib", type=int, default=4096, help="auto KV sizing leaves this free"
+    )
+    parser.add_argument("--budget-s", type=float, default=1e9, help="start no turn after this")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"shape": args.shape, "args": {k: str(v) for k, v in vars(args).items()}}
@@ -124,7 +132,8 @@ def main() -> int:
             vocab = int(cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])
             path = write_bf16_artifact(Path(tmp) / "shape.ninfer", cfg, None)
         for mode in args.modes.split(","):
-            result[mode] = run_loop(path, args, mode == "cache", vocab)
+            deadline = time.monotonic() + args.budget_s
+            result[mode] = run_loop(path, args, mode == "cache", vocab, deadline)
             (args.out / "agent_loop.json").write_text(json.dumps(result, indent=1))
     lines = ["| turn | prompt | cached | hit ratio | TTFT cache | TTFT no-reuse | ratio |",
              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
