@@ -66,8 +66,15 @@ def server(request, tmp_path_factory):
         tokenizer="synthetic",
         name=MODEL,
     )
+    # On the GPU an explicit pool: auto would keep most of the card for the rest of the
+    # process (the embedded server may hold its engine until exit).
     config = EngineConfig(
-        device=device, max_concurrency=2, max_context=1024, prefill_chunk=64, threads=1
+        device=device,
+        max_concurrency=2,
+        max_context=1024,
+        prefill_chunk=64,
+        threads=1,
+        kv_capacity=0 if device == "cpu" else 16384,
     )
     running = start_server(AsyncEngine.open(path, config), default_max_tokens=24)
     running.arch = arch

@@ -222,10 +222,11 @@ def _log_done(
         return
     report = result.report.as_dict() if result.report is not None else None
     log.info(
-        "%s chat done: prompt %d, completion %d (reasoning %d), finish %s, tool calls %d, "
-        "effort %s, %s, %.0f ms%s",
+        "%s chat done: prompt %d (cache %d), completion %d (reasoning %d), finish %s, "
+        "tool calls %d, effort %s, %s, %.0f ms%s",
         request.request_id,
         result.usage.prompt_tokens,
+        result.usage.cached_tokens,
         result.usage.completion_tokens,
         result.usage.reasoning_tokens,
         result.finish_reason,
