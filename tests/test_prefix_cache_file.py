@@ -186,3 +186,38 @@ def test_async_engine_restores_at_open_and_saves_at_close(artifact: Path, tmp_pa
     cached_again, tokens_again = asyncio.run(turn())
     assert (cached_first, cached_again) == (0, 128)
     assert tokens_again == tokens_first
+
+
+def test_cli_memory_and_cache_options(capsys) -> None:
+    from ninfer.server.cli import engine_config
+
+    config = engine_config(parse_args([]))
+    assert (config.kv_capacity, config.vram_headroom_mib, config.prefix_reuse) == (0, 1024, True)
+    config = engine_config(parse_args(["--kv-capacity", "auto", "--vram-headroom-mib", "512"]))
+    assert (config.kv_capacity, config.vram_headroom_mib) == (0, 512)
+    config = engine_config(parse_args(["--kv-capacity", "100000", "--device-snapshot-slots", "9"]))
+    assert (config.kv_capacity, config.snapshot_slots) == (100000, 9)
+    # Without reuse nothing is retained: the pool follows lanes x --max-context.
+    config = engine_config(
+        parse_args(["--no-prefix-reuse", "--max-concurrency", "3", "--max-context", "4096"])
+    )
+    assert (config.kv_capacity, config.prefix_reuse) == (3 * 4096, False)
+    config = engine_config(
+        parse_args(["--cache-taps-per-request", "0", "--cache-tap-ladder", "2048"])
+    )
+    assert (config.taps_per_request, config.tap_ladder, config.tap_min_gap) == (0, 2048, 0)
+    refused = {
+        ("--kv-capacity", "12"): "at least 64",
+        ("--kv-capacity", "lots"): "auto",
+        ("--kv-capacity", "4096", "--vram-headroom-mib", "1"): "requires --kv-capacity auto",
+        ("--no-prefix-reuse", "--cache-tap-min-gap", "64"): "--no-prefix-reuse",
+        ("--use-original-prefix-caching",): "hybrid prefix cache",
+        ("--device-state-slots", "4"): "original prefix cache",
+        ("--host-context-mib", "8192"): "host tier",
+        ("--device-snapshot-slots", "65"): "out of range",
+    }
+    for argv, words in refused.items():
+        with pytest.raises(SystemExit):
+            parse_args(list(argv))
+        assert words in capsys.readouterr().err, argv
+    assert parse_args(["--host-context-mib", "0"]).host_context_mib == 0
