@@ -157,3 +157,21 @@ def test_hybrid_pause_and_replay_keep_the_outputs(qwen: Path) -> None:
     assert [got[i].tokens for i in ids] == alone
     assert stats["kv_pages_free"] == stats["kv_pages_total"]
     assert stats["cache_problem"] == ""
+
+
+def test_hybrid_cache_candidate_plants_a_snapshot_where_a_later_prompt_diverges(
+    qwen: Path,
+) -> None:
+    from qwen3_5_cases import VOCAB
+
+    prompt = _prompt(30, 200, VOCAB)
+    later = prompt[:150] + _prompt(31, 30, VOCAB)  # diverges at 150
+    plain = _engine(qwen)
+    run_one(plain, prompt, 2, temperature=0.0, ignore_eos=True)  # taps at 192 only
+    assert run_one(plain, later, 2, temperature=0.0).final.cached_tokens == 0
+    plain.shutdown()
+    hinted = _engine(qwen)
+    run_one(hinted, prompt, 2, temperature=0.0, ignore_eos=True, cache_candidates=[140])
+    assert run_one(hinted, later, 2, temperature=0.0).final.cached_tokens == 128
+    assert hinted.stats()["prefix_cache"]["taps_created"] >= 2
+    hinted.shutdown()

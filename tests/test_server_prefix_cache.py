@@ -103,17 +103,19 @@ def _common(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _expected_reuse(arch: str, first: dict, second_prompt: list[int]) -> int:
+def _expected_reuse(server, first: dict, second_prompt: list[int]) -> int:
     """The reuse the cache's rules promise for turn 2, from turn 1's token ids."""
     prompt1 = first["prompt_token_ids"]
     output1 = first["choices"][0]["token_ids"]
     forwarded = prompt1 + output1[:-1]  # the last sampled token never ran through the model
     limit = min(_common(forwarded, second_prompt), len(second_prompt) - 1)
-    if arch == "llama":  # dense: every whole cached block
+    if server.arch == "llama":  # dense: every whole cached block
         return limit // 64 * 64
-    # Hybrid: the deepest state snapshot inside the common prefix, the prompt-end tap or
-    # the answer's latest decode endpoint.
-    snapshots = {len(prompt1) // 64 * 64, len(forwarded) // 64 * 64}
+    # Hybrid: the deepest state snapshot inside the common prefix: the implicit hint (the end
+    # of the latest message), the prompt-end tap or the answer's latest decode endpoint.
+    end = server.engine.tokenizer.token_to_id("<|im_end|>")
+    hint = max(i for i, t in enumerate(prompt1) if t == end)
+    snapshots = {hint // 64 * 64, len(prompt1) // 64 * 64, len(forwarded) // 64 * 64}
     return max((s for s in snapshots if s <= limit), default=0)
 
 
@@ -133,7 +135,7 @@ def test_second_turn_reports_the_reused_prefix(server):
     second = _chat(server, turn2)
     usage, timings = second["usage"], second["timings"]
     cached = usage["prompt_tokens_details"]["cached_tokens"]
-    expected = _expected_reuse(server.arch, first, second["prompt_token_ids"])
+    expected = _expected_reuse(server, first, second["prompt_token_ids"])
     assert expected >= 64  # the system prompt and first turn span whole blocks
     assert cached == expected
     assert timings["cache_n"] == cached
@@ -173,3 +175,13 @@ def test_models_meta_reports_the_kv_capacity(server):
     assert card["meta"]["kv_capacity"] >= 1024
     assert card["meta"]["prefix_reuse"] is True
     assert card["max_model_len"] == 1024
+
+
+def test_prompt_cache_options_are_checked(server):
+    messages = [{"role": "user", "content": "hello"}]
+    for options in ({"mode": "explicit"}, {"mode": "implicit"}, None):
+        assert _chat(server, messages, max_tokens=2, prompt_cache_options=options)
+    body = {"model": MODEL, "messages": messages, "prompt_cache_options": {"mode": "always"}}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "prompt_cache_options.mode"

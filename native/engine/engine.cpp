@@ -533,7 +533,16 @@ void Engine::plan_taps(Sequence& seq) const {
   const auto floor_block = [](int64_t x) { return static_cast<int32_t>(x / kPageTokens * kPageTokens); };
   const int32_t prompt = seq.prompt_len(), hit = seq.cached;
   std::vector<int32_t> taps;
-  if (floor_block(prompt) > hit) taps.push_back(floor_block(prompt));
+  auto add = [&](int32_t t) {
+    if (t > hit && t <= prompt && std::find(taps.begin(), taps.end(), t) == taps.end() &&
+        static_cast<int32_t>(taps.size()) < options_.taps_per_request)
+      taps.push_back(t);
+  };
+  // Hints first, latest first: they mark where a later prompt is expected to diverge.
+  std::vector<int32_t> hints = seq.params.cache_candidates;
+  std::sort(hints.rbegin(), hints.rend());
+  for (int32_t c : hints) add(floor_block(c));
+  add(floor_block(prompt));
   for (int64_t g = options_.tap_ladder; static_cast<int32_t>(taps.size()) < options_.taps_per_request; g *= 2) {
     const int32_t t = floor_block(prompt - g);
     if (t <= hit) break;

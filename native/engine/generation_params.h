@@ -29,6 +29,10 @@ struct GenerationParams {
   // Tests: each event carries the float logits its tokens were sampled from (host sampling
   // only; a device-sampled step has none to give).
   bool capture_logits = false;
+  // Prompt positions a later request is likely to share up to (client cache hints, the end of
+  // the latest message): on a model with recurrent state, state snapshots are planned at the
+  // block boundary at or before each. Out-of-range values are ignored.
+  std::vector<int32_t> cache_candidates;
 };
 
 }  // namespace ninfer

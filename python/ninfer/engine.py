@@ -276,6 +276,7 @@ class AsyncEngine:
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
+            **({"cache_candidates": request.cache_candidates} if request.cache_candidates else {}),
         )
         status = result.status
         if status == "overloaded":

@@ -29,6 +29,7 @@ class GenerationRequest:
     stop_strings: list[str] = field(default_factory=list)  # matched on bytes; text withheld
     ignore_eos: bool = False
     min_tokens: int = 0  # eos and stops are suppressed until this many tokens exist
+    cache_candidates: list[int] = field(default_factory=list)  # prefix-cache write hints
 
 
 @dataclass(slots=True)

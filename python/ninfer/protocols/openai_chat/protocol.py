@@ -57,6 +57,7 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
     return_progress: bool | None = None
     structured_outputs: Any = None
     parallel_tool_calls: bool | None = None
+    prompt_cache_options: Any = None  # {"mode": "implicit" | "explicit"}: cache write hints
 
 
 def decode_request(body: bytes) -> ChatCompletionRequest:
