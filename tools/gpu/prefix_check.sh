@@ -24,8 +24,8 @@ grep "build rc" "$out/build.log"
 # shellcheck disable=SC1091
 source build/gpu/env.sh
 echo "== GPU tests"
-timeout 150 "$py" -m pytest -m gpu tests/test_server_prefix_cache.py tests/test_server_hybrid_engine.py \
-  tests/test_cuda_sampling.py -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/tests.log" | tail -25
+timeout 150 "$py" -m pytest -m gpu tests/test_prefix_cache_cuda.py tests/test_server_prefix_cache.py tests/test_server_hybrid_engine.py \
+  tests/test_cuda_sampling.py -k engine_device_sampling -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/tests.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "== agent loop (27B shape)"
 timeout $((budget * 2 + 60)) "$py" bench/bench_agent_loop.py --out "$out" --budget-s "$budget" 2>&1 |
