@@ -25,7 +25,7 @@ grep "build rc" "$out/build.log"
 source build/gpu/env.sh
 echo "== GPU tests"
 timeout 150 "$py" -m pytest -m gpu tests/test_prefix_cache_cuda.py tests/test_server_prefix_cache.py tests/test_server_hybrid_engine.py \
-  tests/test_cuda_sampling.py -k engine_device_sampling -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/tests.log" | tail -25
+  tests/test_cuda_sampling.py::test_engine_device_sampling_matches_host_sampling -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/tests.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "== agent loop (27B shape)"
 timeout $((budget * 2 + 60)) "$py" bench/bench_agent_loop.py --out "$out" --budget-s "$budget" 2>&1 |
