@@ -13,6 +13,7 @@ import json
 import httpx
 import pytest
 
+from metrics_scrape import scrape
 from ninfer.engine_types import EngineConfig
 from server_harness import start_server
 
@@ -140,6 +141,9 @@ def test_second_turn_reports_the_reused_prefix(server):
     assert cached == expected
     assert timings["cache_n"] == cached
     assert timings["prompt_n"] + timings["cache_n"] == usage["prompt_tokens"]
+    # The engine's counter behind /metrics saw the same reuse.
+    reused = scrape(server.base_url).value("ninfer_prompt_tokens_cached_total")
+    assert reused >= cached
 
     # The same turn streamed: the first progress event starts at the cache.
     body = {
