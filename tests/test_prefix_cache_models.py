@@ -175,3 +175,23 @@ def test_hybrid_cache_candidate_plants_a_snapshot_where_a_later_prompt_diverges(
     assert run_one(hinted, later, 2, temperature=0.0).final.cached_tokens == 128
     assert hinted.stats()["prefix_cache"]["taps_created"] >= 2
     hinted.shutdown()
+
+
+def test_hybrid_eviction_keeps_blocks_that_end_in_a_snapshot(qwen: Path) -> None:
+    from qwen3_5_cases import VOCAB
+
+    # 8 pages; one prefill snapshot per request. Y's last block holds its snapshot; X (newer)
+    # is hinted at 70, so its last block has none and cannot be resumed from: under pressure
+    # it goes before Y's older one, which plain LRU would have taken.
+    engine = _engine(qwen, kv_capacity=512, max_context=512, taps_per_request=1)
+    y, x, z = _prompt(40, 200, VOCAB), _prompt(41, 200, VOCAB), _prompt(42, 130, VOCAB)
+    run_one(engine, y, 1, temperature=0.0)
+    run_one(engine, x, 1, temperature=0.0, cache_candidates=[70])
+    run_one(engine, z, 1, temperature=0.0)  # needs one more page than is free
+    assert engine.stats()["prefix_cache"]["evicted_blocks"] == 1
+    assert run_one(engine, y, 1, temperature=0.0).final.cached_tokens == 192
+    assert run_one(engine, x, 1, temperature=0.0).final.cached_tokens == 64
+    stats = engine.stats()
+    engine.shutdown()
+    assert stats["cache_problem"] == ""
+    assert stats["kv_pages_free"] == stats["kv_pages_total"]
