@@ -57,7 +57,10 @@ bool Scheduler::fits(const Sequence& seq) const {
   // A restore rebuilds the whole saved frontier and then decodes one token; a fresh request
   // needs its first prefill unit.
   const int32_t end = seq.replaying() ? target + 1 : std::min(target, hit + prefill_chunk_);
-  const int64_t need = (end + kPageTokens - 1) / kPageTokens - hit / kPageTokens;
+  int64_t need = (end + kPageTokens - 1) / kPageTokens - hit / kPageTokens;
+  // A restore also leaves each resident a page to grow into, or the next step would pause
+  // it again at once (replaying costs a whole prefill).
+  if (seq.replaying()) need += running_;
   // The hit's blocks stop being evictable once mapped: count them against the cache's share.
   return need <= available_pages() - hit / kPageTokens;
 }
