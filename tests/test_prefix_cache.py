@@ -18,7 +18,7 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 def _idle_and_consistent(engine) -> dict:
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     assert stats["cache_problem"] == ""
     assert stats["running"] == 0 and stats["pending"] == 0 and stats["paused"] == 0
     assert stats["kv_pages_free"] == stats["kv_pages_total"]  # nothing leaked
@@ -94,9 +94,9 @@ def test_eviction_takes_the_least_recently_used_unreferenced_leaves():
     a, b, c, d = (_prompt(10 + i, n) for i, n in enumerate((129, 129, 129, 385)))
     for p in (a, b, c):
         run_one(engine, p, 1, **GREEDY)
-    assert engine.stats()["kv_pages_cached"] == 6
+    assert engine.stats(check_cache=True)["kv_pages_cached"] == 6
     run_one(engine, d, 1, **GREEDY)
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     assert stats["prefix_cache"]["evicted_blocks"] == 3
     assert run_one(engine, c, 1, **GREEDY).final.cached_tokens == 128
     assert run_one(engine, b, 1, **GREEDY).final.cached_tokens == 64
@@ -116,8 +116,8 @@ def test_concurrent_requests_share_cached_blocks():
     engine.toy_set_step_delay_us(1000)
     run_one(engine, shared, 1, **GREEDY)  # publishes the four shared blocks
     ids = [submit_ok(engine, shared + s, 40, **GREEDY) for s in suffixes]
-    wait_until(lambda: engine.stats()["running"] == 3)
-    during = engine.stats()
+    wait_until(lambda: engine.stats(check_cache=True)["running"] == 3)
+    during = engine.stats(check_cache=True)
     # The shared blocks are mapped by all three requests at once, and nothing is evictable.
     assert during["cache_problem"] == ""
     got = collect(engine, ids, timeout=30)

@@ -76,7 +76,7 @@ def test_hit_matches_a_cold_prefill(artifact: Path) -> None:
     engine = _engine(artifact)
     first = run_one(engine, prompt, 8, **GREEDY)
     hit = run_one(engine, prompt, 8, **GREEDY)
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     engine.shutdown()
     assert hit.final.cached_tokens == 192
     want, got = _logits(cold), _logits(hit)
@@ -96,7 +96,7 @@ def test_pause_and_replay_finish_every_request_once(artifact: Path) -> None:
     )
     ids = [engine.submit(p, 70, temperature=0.0, ignore_eos=True).request_id for p in prompts]
     got = collect(engine, ids, timeout=120)
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     engine.shutdown()
     assert stats["pauses"] > 0
     for i in ids:

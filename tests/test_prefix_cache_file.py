@@ -76,7 +76,7 @@ def test_a_restart_hits_what_the_previous_process_saved(artifact: Path, tmp_path
     assert loaded["ok"] and loaded["blocks"] == saved["blocks"], loaded
     assert loaded["snapshots"] == saved["snapshots"]
     hit = run_one(second, prompt, 8, **GREEDY)
-    stats = second.stats()
+    stats = second.stats(check_cache=True)
     second.shutdown()
     assert hit.final.cached_tokens == 192
     assert hit.tokens == cold.tokens
@@ -113,7 +113,7 @@ def test_foreign_damaged_and_truncated_files_are_ignored(tmp_path: Path) -> None
         fresh = make_engine()
         report = fresh.load_prefix_cache(str(bad))
         assert not report["ok"] and word in report["message"], (word, report)
-        stats = fresh.stats()
+        stats = fresh.stats(check_cache=True)
         assert stats["kv_pages_cached"] == 0  # nothing was restored
         assert run_one(fresh, _prompt(2, 300), 1).final.cached_tokens == 0
         fresh.shutdown()
@@ -147,10 +147,10 @@ def test_a_small_pool_restores_a_prefix_closed_part(tmp_path: Path) -> None:
     small = make_engine(kv_capacity=640)  # 10 pages
     report = small.load_prefix_cache(str(path))
     assert report["ok"] and report["blocks"] == 10 and "smaller" in report["message"]
-    assert small.stats()["cache_problem"] == ""
+    assert small.stats(check_cache=True)["cache_problem"] == ""
     out = run_one(small, _prompt(20, 300), 4, temperature=0.0)  # evicts restored blocks
     assert out.final.finish_reason == "length"
-    stats = small.stats()
+    stats = small.stats(check_cache=True)
     assert stats["cache_problem"] == "" and stats["kv_pages_free"] == stats["kv_pages_total"]
     small.shutdown()
 

@@ -78,7 +78,7 @@ def test_dense_hit_gives_the_logits_of_a_cold_prefill(llama: Path) -> None:
     first = run_one(engine, aligned, 6, **GREEDY)
     hit = run_one(engine, aligned, 6, **GREEDY)
     partial = run_one(engine, mid_block, 6, **GREEDY)
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     engine.shutdown()
     assert (first.final.cached_tokens, hit.final.cached_tokens) == (0, 128)
     assert partial.final.cached_tokens == 64
@@ -103,7 +103,7 @@ def test_hybrid_hit_resumes_from_the_state_snapshot(qwen: Path) -> None:
     hit = run_one(engine, prompt, 6, **GREEDY)
     # A prompt that shares only the first block finds no snapshot there: no reuse.
     no_snapshot = run_one(engine, prompt[:100] + _prompt(4, 20, VOCAB), 2, **GREEDY)
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     engine.shutdown()
     assert (first.final.cached_tokens, hit.final.cached_tokens) == (0, 128)
     assert no_snapshot.final.cached_tokens == 0
@@ -126,7 +126,7 @@ def test_hybrid_follow_up_turn_resumes_from_the_answer_endpoint(qwen: Path) -> N
     answer = run_one(engine, prompt, 60, **GREEDY)  # decode crosses position 128
     turn2 = prompt + answer.tokens[:40] + _prompt(6, 20, VOCAB)
     follow = run_one(engine, turn2, 4, **GREEDY)
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     engine.shutdown()
     cold_engine = _engine(qwen, prefix_reuse=False)
     cold = run_one(cold_engine, turn2, 4, **GREEDY)
@@ -151,7 +151,7 @@ def test_hybrid_pause_and_replay_keep_the_outputs(qwen: Path) -> None:
     from toy_engine import collect
 
     got = collect(engine, ids, timeout=120)
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     engine.shutdown()
     assert stats["pauses"] > 0
     assert [got[i].tokens for i in ids] == alone
@@ -173,7 +173,7 @@ def test_hybrid_cache_candidate_plants_a_snapshot_where_a_later_prompt_diverges(
     hinted = _engine(qwen)
     run_one(hinted, prompt, 2, temperature=0.0, ignore_eos=True, cache_candidates=[140])
     assert run_one(hinted, later, 2, temperature=0.0).final.cached_tokens == 128
-    assert hinted.stats()["prefix_cache"]["taps_created"] >= 2
+    assert hinted.stats(check_cache=True)["prefix_cache"]["taps_created"] >= 2
     hinted.shutdown()
 
 
@@ -188,10 +188,10 @@ def test_hybrid_eviction_keeps_blocks_that_end_in_a_snapshot(qwen: Path) -> None
     run_one(engine, y, 1, temperature=0.0)
     run_one(engine, x, 1, temperature=0.0, cache_candidates=[70])
     run_one(engine, z, 1, temperature=0.0)  # needs one more page than is free
-    assert engine.stats()["prefix_cache"]["evicted_blocks"] == 1
+    assert engine.stats(check_cache=True)["prefix_cache"]["evicted_blocks"] == 1
     assert run_one(engine, y, 1, temperature=0.0).final.cached_tokens == 192
     assert run_one(engine, x, 1, temperature=0.0).final.cached_tokens == 64
-    stats = engine.stats()
+    stats = engine.stats(check_cache=True)
     engine.shutdown()
     assert stats["cache_problem"] == ""
     assert stats["kv_pages_free"] == stats["kv_pages_total"]

@@ -349,15 +349,20 @@ void bind_engine_class(py::module_& m) {
              return events;
            })
       .def_property_readonly("event_fd", [](const PyEngine& self) { return self.engine->event_fd(); })
-      .def("stats",
-           [](const PyEngine& self) {
-             EngineStats s;
-             {
-               py::gil_scoped_release release;
-               s = self.engine->stats();
-             }
-             return stats_dict(s);
-           })
+      .def(
+          "stats",
+          [](const PyEngine& self, bool check_cache) {
+            EngineStats s;
+            {
+              py::gil_scoped_release release;
+              s = self.engine->stats(check_cache);
+            }
+            py::dict d = stats_dict(s);
+            if (!check_cache) d["cache_problem"] = py::none();
+            return d;
+          },
+          py::kw_only(), py::arg("check_cache") = false,
+          "check_cache: also verify the prefix cache's invariants (cache_problem: \"\" when they hold).")
       .def_property_readonly("healthy", [](const PyEngine& self) { return self.engine->healthy(); })
       .def_property_readonly("samples_on_device",
                              [](const PyEngine& self) { return self.engine->samples_on_device(); })

@@ -209,7 +209,7 @@ void Engine::cancel(uint64_t request_id) {
   // A resident request is finished by the worker at the next boundary.
 }
 
-EngineStats Engine::stats() const {
+EngineStats Engine::stats(bool check_cache) const {
   EngineStats s;
   {
     std::lock_guard lock(mu_);
@@ -225,7 +225,7 @@ EngineStats Engine::stats() const {
     if (cache_) {
       s.cache = cache_->stats();
       s.kv_pages_cached = s.cache.blocks;
-      s.cache_problem = cache_->check();
+      if (check_cache) s.cache_problem = cache_->check();
     }
   }
   const ModelInfo& info = model_->info();

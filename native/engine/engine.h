@@ -83,7 +83,7 @@ struct EngineStats {
   uint64_t pauses = 0;
   bool prefix_reuse = false;
   PrefixCacheStats cache;
-  std::string cache_problem;    // "" while the cache's invariants hold
+  std::string cache_problem;    // stats(true): "" while the cache's invariants hold
   // Recurrent-state slots (hybrid models: one per lane; none for pure-attention models).
   int32_t state_slots_total = 0;
   int32_t state_slots_used = 0;
@@ -140,7 +140,8 @@ class Engine {
   void cancel(uint64_t request_id);
   std::vector<EngineEvent> drain_events() { return events_.drain(); }
   int event_fd() const { return events_.fd(); }
-  EngineStats stats() const;
+  // check_cache: also run the prefix cache's consistency check (O(blocks), under the lock).
+  EngineStats stats(bool check_cache = false) const;
   bool healthy() const { return healthy_.load(); }
   // Fails every request with "the engine is shutting down" and joins the worker. Idempotent.
   void shutdown();
