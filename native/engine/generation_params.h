@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/thinking_budget.h"
+
 namespace ninfer {
 
 struct SamplingParams {
@@ -33,6 +35,7 @@ struct GenerationParams {
   // the latest message): on a model with recurrent state, state snapshots are planned at the
   // block boundary at or before each. Out-of-range values are ignored.
   std::vector<int32_t> cache_candidates;
+  ThinkingBudgetParams thinking;  // an optional thinking-token cap (thinking_budget.h)
 };
 
 }  // namespace ninfer

@@ -15,6 +15,7 @@
 #include "engine/generation_params.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
+#include "engine/thinking_budget.h"
 
 namespace ninfer {
 
@@ -29,7 +30,8 @@ struct Sequence {
         output_cap(output_cap_),
         history(params.prompt),
         sampler(params.sampling, seed),
-        stops(params.stop_strings) {}
+        stops(params.stop_strings),
+        thinking(params.thinking) {}
 
   int32_t prompt_len() const { return static_cast<int32_t>(params.prompt.size()); }
   // Tokens to forward before the next sampled one: the prompt, or after a pause (replay) the
@@ -53,6 +55,7 @@ struct Sequence {
   TokenCounts output_counts;     // histogram of `output`, for penalties
   Sampler sampler;
   StopMatcher stops;
+  ThinkingBudget thinking;
 
   // Prefix cache.
   int32_t cached_tokens = 0;       // prompt tokens reused at first admission (reported)

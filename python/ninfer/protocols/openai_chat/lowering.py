@@ -17,6 +17,7 @@ from ninfer.protocols.openai_chat.messages import lower_messages
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
 from ninfer.protocols.openai_chat.tools import callable_tools, parse_tools
 from ninfer.protocols.served_model import ServedModel
+from ninfer.protocols.thinking_budget import plan_thinking_budget
 from ninfer.server.errors import ApiError, context_length_exceeded, invalid, unsupported
 
 MAX_STOP_STRINGS = 4
@@ -66,9 +67,10 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         raise invalid("`stream_options` is only allowed when `stream` is true", "stream_options")
     conversation = chat_conversation(request)
     prompt = render_conversation(served, conversation)
+    max_tokens = _max_tokens(request, len(prompt.ids), served)
     generation = GenerationRequest(
         prompt_ids=prompt.ids,
-        max_tokens=_max_tokens(request, len(prompt.ids), served),
+        max_tokens=max_tokens,
         sampling=served.sampling.resolve(
             request.sampling_fields(),
             request.seed,
@@ -80,6 +82,13 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         min_tokens=request.min_tokens or 0,
         cache_candidates=cache_candidates(
             prompt.ids, served.engine.tokenizer, cache_mode(request.prompt_cache_options)
+        ),
+        thinking_budget=plan_thinking_budget(
+            served.thinking_close,
+            prompt.decoder.thinking,
+            served.default_thinking_budget,
+            max_tokens,
+            "max_completion_tokens",
         ),
     )
     stream = bool(request.stream)
