@@ -142,6 +142,9 @@ struct MoeExperts {
   void check(int64_t hidden) const;
 };
 
+// Backend::kv_page_io for a pool whose storage is in host memory.
+void kv_page_io_host(KvPool& kv, int32_t page, void* host, bool to_host);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -169,6 +172,10 @@ class Backend {
   // throws if the pool's storage lives elsewhere. Models call it once at load; kv_write and
   // attention call it too, so a pool built by hand works as well.
   virtual void bind_kv(KvPool& kv) = 0;
+  // Copies page `page` of every layer (layer by layer, K then V) between the pool and host
+  // memory, in the storage's own element type: kv.page_bytes(element size) bytes (the prefix
+  // cache file). The default handles host storage; device backends override it.
+  virtual void kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host);
   // A [rows, cols] weight of seeded pseudo-random values, uniform in [-scale, scale], made in
   // backend memory (benchmarks of real shapes without a weight file). Optional.
   virtual Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale);

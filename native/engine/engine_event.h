@@ -41,10 +41,12 @@ struct EngineEvent {
   int32_t stop_token = -1;  // StopKind::Eos / TokenId
   std::string stop_string;  // StopKind::String
   int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;  // prompt tokens reused from the prefix cache (fixed at admission)
   int32_t completion_tokens = 0;
   RequestTimings timings;
   std::string error;  // FinishReason::Error
   std::optional<ConstraintStats> constraint;  // constrained requests, on the finished event
+  std::vector<float> logits;  // GenerationParams::capture_logits: [token_ids.size(), vocab]
 };
 
 }  // namespace ninfer

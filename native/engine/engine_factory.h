@@ -22,6 +22,7 @@ std::unique_ptr<Engine> make_toy_engine(int64_t vocab_size, std::vector<std::str
 struct RuntimeOptions {
   int threads = 0;
   std::string device = "cpu";
+  int64_t random_weights_seed = -1;  // >= 0: seeded random weights (benchmarks; ModelOptions)
 };
 // An engine over the artifact's model; options.eos_ids empty = the artifact's
 // tokenizer.eos_token_ids. Throws ArtifactError / std::runtime_error with the reason.

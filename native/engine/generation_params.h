@@ -40,6 +40,13 @@ struct GenerationParams {
   std::vector<std::string> stop_strings;  // matched on bytes across token boundaries
   bool ignore_eos = false;
   int32_t min_tokens = 0;  // eos, stop ids and stop strings are inert until this many tokens
+  // Tests: each event carries the float logits its tokens were sampled from (host sampling
+  // only; a device-sampled step has none to give).
+  bool capture_logits = false;
+  // Prompt positions a later request is likely to share up to (client cache hints, the end of
+  // the latest message): on a model with recurrent state, state snapshots are planned at the
+  // block boundary at or before each. Out-of-range values are ignored.
+  std::vector<int32_t> cache_candidates;
   ThinkingBudgetParams thinking;  // an optional thinking-token cap (thinking_budget.h)
   std::optional<ConstraintRequest> constraint;  // tokens outside the grammar are never sampled
 };

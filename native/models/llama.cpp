@@ -73,9 +73,10 @@ class LlamaModel final : public Model {
     if (kv.num_layers() != cfg_.layers || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
       throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
     backend_ = make_backend(options.device, options.threads);
-    backend_->bind_kv(kv_);
     load_weights();
     allocate_activations();
+    // Last: with --kv-capacity auto the pool takes what the weights and workspaces leave.
+    backend_->bind_kv(kv_);
     if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
   }
 
@@ -83,6 +84,7 @@ class LlamaModel final : public Model {
   void forward(const BatchPlan& plan, float* logits) override;
   bool samples_on_device() const override { return backend_->samples_on_device(); }
   void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
+  void kv_page_io(int32_t page, void* host, bool to_host) override { backend_->kv_page_io(kv_, page, host, to_host); }
 
  private:
   struct Layer {

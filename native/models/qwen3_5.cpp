@@ -80,9 +80,10 @@ class Qwen35Model final : public Model, public MtpHead {
     if (kv.num_layers() != cfg_.kv_pool_layers() || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
       throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
     backend_ = make_backend(options.device, options.threads);
-    backend_->bind_kv(kv_);
     load_weights();
     allocate();
+    // Last: with --kv-capacity auto the pool takes what the weights and workspaces leave.
+    backend_->bind_kv(kv_);
     if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
   }
 
@@ -91,6 +92,13 @@ class Qwen35Model final : public Model, public MtpHead {
   bool samples_on_device() const override { return backend_->samples_on_device(); }
   void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
   void reset_lane(int lane) override;
+  bool has_recurrent_state() const override { return lane_state_floats() > 0; }
+  int snapshot_slots() const override { return has_recurrent_state() ? options_.snapshot_slots : 0; }
+  void save_snapshot(int lane, int slot) override;
+  void resume_lane(int lane, int32_t position, int slot) override;
+  void kv_page_io(int32_t page, void* host, bool to_host) override { backend_->kv_page_io(kv_, page, host, to_host); }
+  int64_t snapshot_floats() const override { return lane_state_floats(); }
+  void snapshot_io(int slot, float* host, bool to_host) override;
 
   int64_t mtp_layers() const override { return cfg_.mtp_layers; }
   void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
@@ -159,6 +167,7 @@ class Qwen35Model final : public Model, public MtpHead {
   std::vector<Layer> mtp_layers_;
 
   Buffer state_;                    // [lanes, gdn layers, conv state | ssm state]
+  Buffer snapshots_;                // [snapshot slots, gdn layers, conv state | ssm state]
   std::vector<int64_t> lane_pos_;   // tokens a lane's state has absorbed; -1 after a failed step
 
   Buffer hidden_, normed_, branch_;
@@ -358,6 +367,45 @@ void Qwen35Model::allocate() {
     b.fill_zero(state_.data(), state_floats);
   }
   lane_pos_.assign(static_cast<size_t>(options_.max_lanes), 0);
+  if (state_floats > 0 && options_.snapshot_slots > 0)
+    snapshots_ = b.alloc(static_cast<int64_t>(options_.snapshot_slots) * lane_state_floats());
+}
+
+void Qwen35Model::save_snapshot(int lane, int slot) {
+  if (!has_recurrent_state()) Model::save_snapshot(lane, slot);
+  if (lane < 0 || lane >= options_.max_lanes || slot < 0 || slot >= options_.snapshot_slots)
+    throw std::invalid_argument("save_snapshot: lane " + std::to_string(lane) + " or slot " + std::to_string(slot) +
+                                " is out of range");
+  if (lane_pos_[static_cast<size_t>(lane)] < 0)
+    throw std::logic_error("save_snapshot: lane " + std::to_string(lane) + "'s state is undefined after a failed step");
+  backend_->copy(snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats(), conv_state(lane, 0),
+                 lane_state_floats());
+}
+
+void Qwen35Model::snapshot_io(int slot, float* host, bool to_host) {
+  if (slot < 0 || slot >= snapshot_slots()) throw std::invalid_argument("snapshot_io: slot out of range");
+  float* at = snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats();
+  backend_->synchronize();
+  if (to_host) {
+    backend_->copy_to_host(host, at, lane_state_floats());
+  } else {
+    backend_->copy_from_host(at, host, lane_state_floats());
+    backend_->synchronize();
+  }
+}
+
+void Qwen35Model::resume_lane(int lane, int32_t position, int slot) {
+  if (lane < 0 || lane >= options_.max_lanes || position < 0)
+    throw std::invalid_argument("resume_lane: lane " + std::to_string(lane) + " or position " +
+                                std::to_string(position) + " is out of range");
+  if (has_recurrent_state() && position > 0) {
+    if (slot < 0 || slot >= options_.snapshot_slots)
+      throw std::invalid_argument("resume_lane: a hybrid lane resumes at position " + std::to_string(position) +
+                                  " only from a state snapshot (slot " + std::to_string(slot) + ")");
+    backend_->copy(conv_state(lane, 0), snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats(),
+                   lane_state_floats());
+  }
+  lane_pos_[static_cast<size_t>(lane)] = position;
 }
 
 void Qwen35Model::reset_lane(int lane) {

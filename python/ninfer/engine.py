@@ -64,6 +64,13 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         max_pending=config.max_pending_requests,
         pending_timeout_ms=config.pending_timeout_ms,
         eos_ids=list(eos_ids),
+        kv_capacity=config.kv_capacity,
+        vram_headroom_mib=config.vram_headroom_mib,
+        prefix_reuse=config.prefix_reuse,
+        snapshot_slots=config.snapshot_slots,
+        taps_per_request=config.taps_per_request,
+        tap_ladder=config.tap_ladder,
+        tap_min_gap=config.tap_min_gap,
     )
 
 
@@ -85,6 +92,7 @@ def _to_event(core_event: Any) -> EngineEvent:
         ),
         error=core_event.error,
         constraint=getattr(core_event, "constraint", None),
+        cached_tokens=core_event.cached_tokens,
     )
 
 
@@ -120,6 +128,7 @@ class RequestHandle:
         self._finished = False  # the core reported the end (event queued or admission failed)
         self._consumed = False  # the consumer received the finished event
         self._cancel_sent = False
+        self.cached_tokens = 0  # the prefix cache's reuse, known once admitted
         self.seed: int | None = None
 
     async def admitted(self) -> None:
@@ -176,6 +185,7 @@ class RequestHandle:
     def _deliver(self, core_event: Any) -> None:
         kind = core_event.kind
         if kind == "admitted":
+            self.cached_tokens = getattr(core_event, "cached_tokens", 0)
             self._admission.set()
             return
         if kind == "queue_timeout":
@@ -212,7 +222,9 @@ class AsyncEngine:
         self._core = core
         self.tokenizer = tokenizer
         self.header: dict[str, Any] = header or {}
-        self.max_context: int = core.max_context
+        # The ceiling of one request: --max-context, or the shared KV pool when it is smaller.
+        self.kv_capacity: int | None = getattr(core, "kv_capacity", None)
+        self.max_context: int = min(core.max_context, self.kv_capacity or core.max_context)
         self.model_info: dict[str, Any] = model_info or self._default_model_info()
         self._chat_template = chat_template
         self._handles: weakref.WeakValueDictionary[int, RequestHandle] = (
@@ -221,6 +233,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._failure_logged = False
+        self.prefix_cache_file: str | None = None  # saved on close when set
 
     # --- construction --------------------------------------------------------------------
 
@@ -230,20 +243,24 @@ class AsyncEngine:
         from ninfer.engine_loading import load_engine_parts
 
         parts = load_engine_parts(Path(artifact_path), config)
-        return cls(
+        engine = cls(
             parts.core,
             tokenizer=parts.tokenizer,
             header=parts.header,
             model_info=parts.model_info,
             chat_template=parts.chat_template,
         )
+        if config.prefix_cache_file:
+            engine.load_prefix_cache(config.prefix_cache_file)
+        return engine
 
     def _default_model_info(self) -> dict[str, Any]:
         info = self._core.model_info
         return {
             "n_vocab": info["vocab_size"],
-            "n_ctx": self._core.max_context,
+            "n_ctx": self.max_context,
             "n_ctx_train": info["max_position_embeddings"],
+            "kv_capacity": self.kv_capacity,
             "n_embd": info["hidden_size"],
             "n_params": info["num_params"],
             "size": info["weight_bytes"],
@@ -288,6 +305,7 @@ class AsyncEngine:
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
+            **({"cache_candidates": request.cache_candidates} if request.cache_candidates else {}),
             **(_thinking_budget_options(budget) if budget is not None else {}),
             **_constraint_arguments(request),
         )
@@ -335,6 +353,21 @@ class AsyncEngine:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.event_fd)
         self._loop = None
+        if self.prefix_cache_file:
+            _log.info("saving the prefix cache to %s", self.prefix_cache_file)
+            report = await asyncio.to_thread(self._core.save_prefix_cache, self.prefix_cache_file)
+            (_log.info if report["ok"] else _log.error)("prefix cache: %s", report["message"])
+
+    def load_prefix_cache(self, path: str) -> dict[str, Any]:
+        """Restores the prefix cache from `path` (before serving) and saves it there on close."""
+        self.prefix_cache_file = path
+        _log.info("reading the prefix cache file %s", path)
+        report = self._core.load_prefix_cache(path)
+        missing = not report["ok"] and report["message"].startswith("no prefix cache file")
+        (_log.info if report["ok"] or missing else _log.warning)(
+            "prefix cache: %s", report["message"]
+        )
+        return report
 
     # --- event routing -------------------------------------------------------------------
 

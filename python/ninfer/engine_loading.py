@@ -52,7 +52,9 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
     cfg = header.get("config") or {}
     model_info = {
         "n_vocab": info["vocab_size"],
-        "n_ctx": core.max_context,
+        "n_ctx": min(core.max_context, core.kv_capacity),
+        "kv_capacity": core.kv_capacity,
+        "prefix_reuse": config.prefix_reuse,
         "n_ctx_train": cfg.get("max_position_embeddings") or info["max_position_embeddings"],
         "n_embd": info["hidden_size"],
         "n_params": info["num_params"],

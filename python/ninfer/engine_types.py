@@ -46,6 +46,7 @@ class GenerationRequest:
     stop_strings: list[str] = field(default_factory=list)  # matched on bytes; text withheld
     ignore_eos: bool = False
     min_tokens: int = 0  # eos and stops are suppressed until this many tokens exist
+    cache_candidates: list[int] = field(default_factory=list)  # prefix-cache write hints
     thinking_budget: ThinkingBudget | None = None
     # A grammar compiled by AsyncEngine.compile_constraint: tokens outside it are never
     # sampled. It applies after `constraint_start_after` is generated (-1: from the start).
@@ -80,6 +81,7 @@ class EngineEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     timings: Timings | None = None  # set on the finished event
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache (fixed at admission)
     error: str | None = None
     constraint: dict[str, Any] | None = None  # constrained requests: the matcher's counters
 
@@ -121,3 +123,11 @@ class EngineConfig:
     pending_timeout_ms: int = 0  # 0 = wait forever
     threads: int = 0  # CPU threads; 0 = all cores
     device: str = "cpu"
+    kv_capacity: int = 0  # shared KV pool in tokens; 0 = auto (free memory less the headroom)
+    vram_headroom_mib: int = 1024  # auto sizing leaves this much free
+    prefix_reuse: bool = True  # reuse cached prompt prefixes across requests
+    snapshot_slots: int = 0  # hybrid models: state snapshot slots; 0 = max_concurrency + 3
+    taps_per_request: int = -1  # hybrid: prefill snapshots per request; -1 = 2
+    tap_ladder: int = 0  # hybrid: ladder base G; 0 = max(4096, 2 * prefill_chunk)
+    tap_min_gap: int = 0  # hybrid: minimum tap spacing; 0 = max(1024, prefill_chunk)
+    prefix_cache_file: str | None = None  # restore the cache from it at open, save on close

@@ -228,6 +228,9 @@ void CudaBackend::bind_kv(KvPool& kv) {
     throw std::invalid_argument("CUDA attention: head_dim " + std::to_string(kv.head_dim()) +
                                 " is not supported (64, 128 or 256)");
   activate();
+  size_t free_bytes = 0, total_bytes = 0;
+  NINFER_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  kv.resolve_size(static_cast<int64_t>(free_bytes), 2);
   const size_t bytes = static_cast<size_t>(kv.storage_elems()) * 2;
   void* p = nullptr;
   NINFER_CUDA_CHECK(cudaMalloc(&p, bytes));
@@ -239,6 +242,23 @@ void CudaBackend::bind_kv(KvPool& kv) {
                                              cudaFree(q);
                                            }),
                      DType::BF16, where});
+}
+
+void CudaBackend::kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) {
+  bind_kv(kv);
+  if (page < 0 || page >= kv.num_pages()) throw std::out_of_range("kv_page_io: page outside the pool");
+  activate();
+  const size_t piece = static_cast<size_t>(kv.page_elems()) * 2;  // bf16
+  auto* base = static_cast<std::byte*>(kv.storage().memory.get());
+  auto* at = static_cast<std::byte*>(host);
+  for (int64_t layer = 0; layer < kv.num_layers(); ++layer)
+    for (int which = 0; which < 2; ++which, at += piece) {
+      std::byte* stored = base + static_cast<size_t>(kv.page_offset(layer, page, which)) * 2;
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(to_host ? static_cast<void*>(at) : static_cast<void*>(stored),
+                                        to_host ? static_cast<const void*>(stored) : static_cast<const void*>(at),
+                                        piece, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_));
+    }
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 Weight CudaBackend::random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) {

@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void run_step(bool graphable, const std::function<void()>& enqueue) override;
   void bind_kv(KvPool& kv) override;
+  void kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) override;
   Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
   Weight random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t group_rows, uint64_t seed,
                                  float scale) override;

@@ -91,7 +91,10 @@ async def _aggregate(
             results.append(result)
             report_turn(handle, result)
             timings = render.llama_timings(
-                result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+                result.timings,
+                result.usage.prompt_tokens,
+                result.usage.completion_tokens,
+                result.usage.cached_tokens,
             )
             prompt_ids = lowered.generation.prompt_ids if lowered.return_token_ids else None
             body = renderer.aggregate(result, lowered.tools, timings, prompt_ids)
@@ -116,12 +119,13 @@ async def _stream(
     try:
         await wait_for_lane_streaming(handle, watcher, sse, config.keep_alive_s)
         turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)  # its clock starts now
+        turn.cached_tokens = getattr(handle, "cached_tokens", 0)
         first = renderer.role_chunk()
         if lowered.return_token_ids:
             first["prompt_token_ids"] = lowered.generation.prompt_ids
         await sse.event(first)
         if lowered.return_progress:
-            await sse.event(renderer.progress_chunk(_progress(total, 0, turn)))
+            await sse.event(renderer.progress_chunk(_progress(total, turn.cached_tokens, turn)))
         prompt_done = False
         events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
         async with contextlib.aclosing(events):
@@ -155,7 +159,12 @@ async def _stream(
 
 def _progress(total: int, processed: int, turn: TurnDecoder) -> dict[str, Any]:
     elapsed = (time.perf_counter() - turn.clock.admitted) * 1000.0
-    return {"total": total, "cache": 0, "processed": processed, "time_ms": round(elapsed)}
+    return {
+        "total": total,
+        "cache": turn.cached_tokens,
+        "processed": processed,
+        "time_ms": round(elapsed),
+    }
 
 
 async def _send_delta(
@@ -173,7 +182,10 @@ async def _send_delta(
     for chunk in chunks:
         if lowered.timings_per_token:
             chunk["timings"] = render.llama_timings(
-                turn.clock.snapshot(), lowered.prompt_tokens, turn.clock.committed
+                turn.clock.snapshot(),
+                lowered.prompt_tokens,
+                turn.clock.committed,
+                turn.cached_tokens,
             )
         await sse.event(chunk)
 
@@ -190,7 +202,10 @@ async def _send_stream_end(
             renderer.tool_calls_chunk(render.tool_calls(result.tool_calls, lowered.tools))
         )
     timings = render.llama_timings(
-        result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+        result.timings,
+        result.usage.prompt_tokens,
+        result.usage.completion_tokens,
+        result.usage.cached_tokens,
     )
     finish = renderer.finish_chunk(result.finish_reason)
     if lowered.return_token_ids:
@@ -231,10 +246,11 @@ def _log_done(
         return
     report = result.report.as_dict() if result.report is not None else None
     log.debug(  # the request's info record is the telemetry's req#N line
-        "%s chat done: prompt %d, completion %d (reasoning %d), finish %s, tool calls %d, "
-        "effort %s, %s, %.0f ms%s",
+        "%s chat done: prompt %d (cache %d), completion %d (reasoning %d), finish %s, "
+        "tool calls %d, effort %s, %s, %.0f ms%s",
         request.request_id,
         result.usage.prompt_tokens,
+        result.usage.cached_tokens,
         result.usage.completion_tokens,
         result.usage.reasoning_tokens,
         result.finish_reason,

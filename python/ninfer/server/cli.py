@@ -104,6 +104,18 @@ def _read_template(path: str | None) -> str | None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    kv_capacity = getattr(args, "kv_capacity", None)
+    no_reuse = bool(getattr(args, "no_prefix_reuse", False))
+    if kv_capacity is None and no_reuse:
+        # Without reuse nothing is retained: every lane reaching the ceiling is the need.
+        kv_capacity = args.max_concurrency * args.max_context
+    headroom = getattr(args, "vram_headroom_mib", None)
+    optional = {
+        "snapshot_slots": getattr(args, "device_snapshot_slots", None),
+        "taps_per_request": getattr(args, "cache_taps_per_request", None),
+        "tap_ladder": getattr(args, "cache_tap_ladder", None),
+        "tap_min_gap": getattr(args, "cache_tap_min_gap", None),
+    }
     return EngineConfig(
         max_concurrency=args.max_concurrency,
         max_context=args.max_context,
@@ -111,6 +123,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_pending_requests=args.max_pending_requests,
         pending_timeout_ms=args.pending_timeout_ms,
         device=resolve_device(args.device),
+        kv_capacity=kv_capacity or 0,
+        vram_headroom_mib=1024 if headroom is None else headroom,
+        prefix_reuse=not no_reuse,
+        prefix_cache_file=getattr(args, "prefix_cache_file", None),
+        **{key: value for key, value in optional.items() if value is not None},
     )
 
 
@@ -251,6 +268,21 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
         served.max_context,
         config.prefill_chunk,
     )
+    capacity = info.get("kv_capacity")
+    if isinstance(capacity, int):
+        log.info(
+            "KV pool: %d tokens (%s), prefix reuse %s",
+            capacity,
+            "--kv-capacity" if config.kv_capacity else "auto",
+            "on" if config.prefix_reuse else "off",
+        )
+        if capacity < config.max_context:
+            log.warning(
+                "the KV pool (%d tokens) is smaller than --max-context %d: requests are "
+                "limited to the pool",
+                capacity,
+                config.max_context,
+            )
     log.info(
         "ready: serving http://%s:%d/v1 (OpenAI base URL), http://%s:%d (Anthropic base URL)",
         args.host,

@@ -258,7 +258,7 @@ class Telemetry:
         ttft_s = (record.first_token - record.received) if record.first_token else None
         total_s = now - record.received
         completion = final.completion_tokens
-        cached = 0  # no prefix cache in this build: every prompt token is computed
+        cached = getattr(final, "cached_tokens", 0) or 0  # the prefix cache's exact reuse
         prompt = final.prompt_tokens or record.prompt_tokens
         if self.metrics is not None:
             self.metrics.histograms.request_duration.observe(total_s)
@@ -306,7 +306,7 @@ class Telemetry:
             prefill_tokens=prompt - cached,
             completion_tokens=completion,
             reasoning_tokens=getattr(usage, "reasoning_tokens", None),
-            prefix_reuse="none",
+            prefix_reuse="hybrid_snapshot" if cached else "none",
             tool_call_parse=report.as_dict() if report is not None else None,
             timings_seconds={
                 "prepare": record.submitted - record.received,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ninfer.engine_types import GenerationRequest
 from ninfer.prompt.template_options import TemplateOptions
+from ninfer.protocols.cache_hints import cache_candidates, cache_mode
 from ninfer.protocols.constraints import (
     GrammarSpec,
     parse_response_format,
@@ -87,6 +88,9 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         stop_token_ids=stop_token_ids(request.stop_token_ids, served),
         ignore_eos=bool(request.ignore_eos),
         min_tokens=request.min_tokens or 0,
+        cache_candidates=cache_candidates(
+            prompt.ids, served.engine.tokenizer, cache_mode(request.prompt_cache_options)
+        ),
         thinking_budget=plan_thinking_budget(
             served.thinking_close,
             prompt.decoder.thinking,

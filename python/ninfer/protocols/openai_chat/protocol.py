@@ -58,6 +58,7 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
     structured_outputs: Any = None
     parallel_tool_calls: bool | None = None
     tool_constraints: str | None = None  # NInfer: "basic" (default) or "auto"
+    prompt_cache_options: Any = None  # {"mode": "implicit" | "explicit"}: cache write hints
 
 
 def decode_request(body: bytes) -> ChatCompletionRequest:
