@@ -14,7 +14,10 @@ import msgspec
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+# Every integer field is bounded: JSON allows any magnitude, msgspec decodes it exactly, and
+# an unbounded value (2**70 max_tokens) would otherwise be clamped silently somewhere below.
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 UnitFloat = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
@@ -39,7 +42,7 @@ class GenerationFields(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: int | None = None
+    n: Int64 | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM extensions
     ignore_eos: bool | None = None

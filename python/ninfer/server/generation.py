@@ -15,7 +15,7 @@ from typing import Any
 from ninfer.engine_types import EngineEvent, GenerationRequest
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.disconnect import DisconnectWatcher
-from ninfer.server.errors import ApiError, from_engine_error
+from ninfer.server.errors import ApiError, from_unhandled
 from ninfer.server.http import HttpRequest
 from ninfer.server.inflight import InflightRequests, shutting_down
 from ninfer.server.sse import SseStream, await_with_heartbeat
@@ -88,7 +88,7 @@ async def fail_stream(
     """A failure after the stream started: one error event (unless the client left)."""
     if watcher.disconnected.is_set():
         return
-    error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
+    error = from_unhandled(exc) or (exc if isinstance(exc, ApiError) else None)
     if error is None:
         log.exception("%s: stream failed", request.request_id)
         error = ApiError(500, "internal error while streaming", code="internal_error")
