@@ -166,11 +166,6 @@ def test_template_options_conflicts_and_reserved_keys(client):
         ),
         ({"chat_template_kwargs": {"tools": []}}, "invalid_value", "chat_template_kwargs.tools"),
         (
-            {"chat_template_kwargs": {"add_generation_prompt": False}},
-            "invalid_value",
-            "chat_template_kwargs.add_generation_prompt",
-        ),
-        (
             {"chat_template_kwargs": {"eos_token": "x"}},
             "invalid_value",
             "chat_template_kwargs.eos_token",
@@ -187,6 +182,24 @@ def test_template_options_conflicts_and_reserved_keys(client):
         extra_body={"enable_thinking": False, "chat_template_kwargs": {"enable_thinking": False}},
     )
     chat(client, "plain", extra_body={"chat_template_kwargs": {"enable_thinking": None}})
+
+
+def test_kwargs_owned_by_fields_or_jinja_are_dropped_and_auto_is_unset(server, client):
+    messages = [{"role": "user", "content": "plain"}]
+    plain = tokenize_chat(server, messages)
+    ignored = {
+        "add_generation_prompt": False,  # the request field wins
+        "continue_final_message": True,
+        "range": 3,  # Jinja built-ins the template needs
+        "namespace": None,
+        "tojson": "x",
+        "equalto": 1,
+        "enable_thinking": "auto",  # "auto" means unset, like null
+        "preserve_thinking": "auto",
+    }
+    chat(client, "plain", extra_body={"chat_template_kwargs": ignored})
+    assert server.engine.requests[-1].prompt_ids == plain
+    assert tokenize_chat(server, messages, chat_template_kwargs=ignored) == plain
 
 
 def test_preserve_thinking_keeps_history_reasoning(server, client):
