@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ninfer.server.errors import unsupported
+
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 
@@ -49,6 +51,7 @@ class GenerationFields(msgspec.Struct, kw_only=True):
     min_tokens: NonNegativeInt | None = None
     stop_token_ids: list[NonNegativeInt] | None = None
     return_token_ids: bool | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # accepted only when it asks nothing
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampler options as given (None = unset), for SamplingPolicy.resolve."""
@@ -60,3 +63,15 @@ class GenerationFields(msgspec.Struct, kw_only=True):
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
         }
+
+
+def check_mm_processor_kwargs(kwargs: dict[str, Any] | None) -> None:
+    """vLLM's multimodal processor options: commonly sent empty or all-null, and then accepted;
+    a value that would change preprocessing is refused rather than silently ignored."""
+    for key, value in (kwargs or {}).items():
+        if value is not None:
+            raise unsupported(
+                f"mm_processor_kwargs.{key}",
+                "multimodal processor options are not applied by this server "
+                "(only an empty object or null values are accepted)",
+            )

@@ -12,6 +12,7 @@ from ninfer.protocols.conversation import (
     ToolDefinition,
     render_conversation,
 )
+from ninfer.protocols.generation_fields import check_mm_processor_kwargs
 from ninfer.protocols.openai_chat.messages import lower_messages
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
 from ninfer.protocols.openai_chat.tools import callable_tools, parse_tools
@@ -128,10 +129,11 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
         )
     if request.structured_outputs is not None:
         raise unsupported("structured_outputs", "constrained output is not available in this build")
+    # An `audio` configuration is inert while the output is text only (modalities absent or
+    # ["text"]); asking for the audio modality is what requests audio output.
     if request.modalities is not None and any(m != "text" for m in request.modalities):
         raise unsupported("modalities", "only text output is produced (no audio output)")
-    if request.audio is not None:
-        raise unsupported("audio", "audio output is not produced")
+    check_mm_processor_kwargs(request.mm_processor_kwargs)
     if request.functions:
         raise unsupported(
             "functions", "legacy function definitions are not served; declare `tools` instead"
