@@ -96,3 +96,4 @@ class EngineConfig:
     pending_timeout_ms: int = 0  # 0 = wait forever
     threads: int = 0  # CPU threads; 0 = all cores
     device: str = "cpu"
+    cuda_graphs: bool = True  # replay captured CUDA graphs for decode steps (CUDA devices)

@@ -27,6 +27,8 @@ log = logging.getLogger("ninfer.server")
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
+    for option in args.no_op_options:
+        log.info("accepted `%s`: it asks for nothing this build lacks, so it has no effect", option)
     try:
         return _main(args)
     except KeyboardInterrupt:  # Ctrl+C before the server was ready: one press ends startup
@@ -93,6 +95,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_pending_requests=args.max_pending_requests,
         pending_timeout_ms=args.pending_timeout_ms,
         device=resolve_device(args.device),
+        cuda_graphs=not args.no_cuda_graph,
     )
 
 
