@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ninfer.engine_types import EngineEvent, GenerationRequest
+from ninfer.engine_types import EngineEvent, EngineUnavailable, GenerationRequest
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import ApiError, from_unhandled
@@ -41,6 +41,7 @@ async def run_generation(
             handle = served.engine.submit(generation)
         except ValueError as exc:  # the engine's verdict on this request's parameters
             raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
+        handle = _ServedHandle(handle, inflight)
         watcher.on_disconnect(handle.cancel)
         inflight.add(handle)
         try:
@@ -51,6 +52,33 @@ async def run_generation(
     finally:
         watcher.stop()
     return final, watcher.disconnected.is_set()
+
+
+class _ServedHandle:
+    """The engine's request handle, except that a wait for a lane which the server's own stop
+    cancelled says so ("the server is shutting down") instead of the engine's generic
+    "request was cancelled"."""
+
+    def __init__(self, handle: Any, inflight: InflightRequests) -> None:
+        self._handle = handle
+        self._inflight = inflight
+
+    async def admitted(self) -> None:
+        try:
+            await self._handle.admitted()
+        except EngineUnavailable:
+            if self._inflight.closing:
+                raise shutting_down() from None
+            raise
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def __aiter__(self) -> Any:
+        return self._handle.__aiter__()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
 
 
 async def wait_for_lane(handle: Any, watcher: DisconnectWatcher) -> None:
@@ -92,4 +120,15 @@ async def fail_stream(
     if error is None:
         log.exception("%s: stream failed", request.request_id)
         error = ApiError(500, "internal error while streaming", code="internal_error")
+    else:  # the same record an answer that had not started gets at the app boundary
+        log.log(
+            logging.INFO if error.status < 500 else logging.WARNING,
+            "%s %s %s: stream ended with %d %s: %s",
+            request.request_id,
+            request.method,
+            request.path,
+            error.status,
+            error.code,
+            error.message,
+        )
     await sse.fail(error.body())
