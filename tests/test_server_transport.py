@@ -411,3 +411,16 @@ def test_queue_timeout_on_a_started_stream_is_one_error_event(path, body, caplog
         assert wait_until(lambda: "stream ended with 503 request_queue_timeout" in caplog.text)
     finally:
         running.stop()
+
+
+def test_request_heads_up_to_the_documented_limit_reach_the_app(server):
+    from ninfer.server.embedded import MAX_REQUEST_HEAD_BYTES
+
+    big = httpx.get(server.base_url + "/health", headers={"x-big": "a" * 1_000_000})
+    assert big.status_code == 200, big.status_code
+    many = httpx.get(server.base_url + "/health", headers={f"x-h{i}": "v" for i in range(90)})
+    assert many.status_code == 200
+    too_big = httpx.get(
+        server.base_url + "/health", headers={"x-big": "a" * (2 * MAX_REQUEST_HEAD_BYTES)}
+    )
+    assert too_big.status_code == 431
