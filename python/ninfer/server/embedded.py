@@ -24,8 +24,9 @@ from ninfer.server.stopping import StopSignals
 
 # About the largest request line plus headers Granian reads before answering 431 (the bound
 # is checked per read, so slightly more can pass); its default of 408 KiB is less than a long
-# token or cookie jar can need. The read buffer grows only as a request needs it. The number of headers is capped separately at 100 by Granian's HTTP
-# parser, which Granian does not expose (docs/serving.md).
+# token or cookie jar can need. The read buffer grows only as a request needs it. The number
+# of headers is capped separately, at 100, by Granian's HTTP parser, which Granian does not
+# expose (docs/serving.md).
 MAX_REQUEST_HEAD_BYTES = 4 << 20
 
 
