@@ -393,6 +393,31 @@ def sse_events(server, body):
     return [json.loads(line[6:]) for line in lines[:-1]]
 
 
+def test_return_progress_reports_every_committed_prefill_chunk():
+    engine = FakeEngine(EngineConfig(max_concurrency=1, prefill_chunk=8))
+    running = start_server(engine)
+    try:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "a prompt of several prefill chunks"}],
+            "stream": True,
+            "return_progress": True,
+        }
+        events = sse_events(running, body)
+        total = len(engine.requests[-1].prompt_ids)
+        progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+        assert [p["processed"] for p in progress] == [0, *range(8, total, 8), total]
+        assert all(p["total"] == total and p["cache"] == 0 for p in progress)
+        times = [p["time_ms"] for p in progress]
+        assert times == sorted(times)
+        assert all(e["choices"] == [] for e in events if "prompt_progress" in e)
+        without = sse_events(running, {**body, "return_progress": False})
+        assert not any("prompt_progress" in e for e in without)
+        assert not engine.requests[-1].report_progress
+    finally:
+        running.stop()
+
+
 def test_return_progress_and_timings_per_token(server):
     body = {
         "model": MODEL,

@@ -3,6 +3,7 @@ default model answering a factual question."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +90,29 @@ def test_stream_equals_aggregate(client):
     assert content == reply.choices[0].message.content
     assert reasons == [reply.choices[0].finish_reason]
     assert usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_return_progress_follows_the_engine_prefill_chunks(server):
+    """prefill_chunk is 32: a long prompt commits in several chunks, each reported once."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "count " * 60}],
+        "stream": True,
+        "return_progress": True,
+        "max_tokens": 2,
+    }
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body) as response:
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line) for line in lines[:-1]]
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    total = progress[0]["total"]
+    assert total > 3 * 32
+    assert [p["processed"] for p in progress] == [0, *range(32, total, 32), total]
+    first_output = next(
+        i for i, e in enumerate(events) if e["choices"] and e["choices"][0]["delta"].get("content")
+    )
+    last_progress = max(i for i, e in enumerate(events) if "prompt_progress" in e)
+    assert last_progress < first_output
 
 
 def test_seed_repeatability(client):

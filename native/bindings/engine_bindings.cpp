@@ -62,6 +62,7 @@ const char* kind_name(EventKind k) {
     case EventKind::Admitted: return "admitted";
     case EventKind::Output: return "output";
     case EventKind::QueueTimeout: return "queue_timeout";
+    case EventKind::PromptProgress: return "prompt_progress";
   }
   return "?";
 }
@@ -181,6 +182,7 @@ void bind_events(py::module_& m) {
         return py::int_(e.stop_token);
       })
       .def_readonly("prompt_tokens", &EngineEvent::prompt_tokens)
+      .def_readonly("prompt_processed", &EngineEvent::prompt_processed)
       .def_readonly("completion_tokens", &EngineEvent::completion_tokens)
       .def_property_readonly("queue_ms", [](const EngineEvent& e) { return e.timings.queue_ms; })
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
@@ -244,7 +246,7 @@ void bind_engine_class(py::module_& m) {
           [](PyEngine& self, std::vector<int32_t> prompt_ids, int32_t max_tokens, float temperature, float top_p,
              int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
-             bool ignore_eos, int32_t min_tokens) {
+             bool ignore_eos, int32_t min_tokens, bool report_progress) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -253,6 +255,7 @@ void bind_engine_class(py::module_& m) {
             p.stop_strings = stop_list(stop_strings);
             p.ignore_eos = ignore_eos;
             p.min_tokens = min_tokens;
+            p.report_progress = report_progress;
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -260,7 +263,7 @@ void bind_engine_class(py::module_& m) {
           py::arg("top_p") = 1.0f, py::arg("top_k") = 0, py::arg("min_p") = 0.0f, py::arg("presence_penalty") = 0.0f,
           py::arg("frequency_penalty") = 0.0f, py::arg("seed") = py::none(),
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
-          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0)
+          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("report_progress") = false)
       .def(
           "cancel", [](PyEngine& self, uint64_t id) { self.engine->cancel(id); }, py::arg("request_id"),
           py::call_guard<py::gil_scoped_release>())

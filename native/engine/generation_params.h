@@ -26,6 +26,7 @@ struct GenerationParams {
   std::vector<std::string> stop_strings;  // matched on bytes across token boundaries
   bool ignore_eos = false;
   int32_t min_tokens = 0;  // eos, stop ids and stop strings are inert until this many tokens
+  bool report_progress = false;  // a PromptProgress event after each prefill chunk that leaves more prompt
 };
 
 }  // namespace ninfer

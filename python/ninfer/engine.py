@@ -154,6 +154,18 @@ class RequestHandle:
             self._finished = True
             self._fail_admission(QueueTimeout(core_event.error or "request queue timeout"))
             return
+        if kind == "prompt_progress":
+            if self._admission_error is None:
+                self._events.put_nowait(
+                    EngineEvent(
+                        request_id=core_event.request_id,
+                        token_ids=[],
+                        text=b"",
+                        prompt_tokens=core_event.prompt_tokens,
+                        prompt_processed=core_event.prompt_processed,
+                    )
+                )
+            return
         if core_event.finished:
             self._finished = True
         if not self._admission.is_set() or self._admission_error is not None:
@@ -259,6 +271,7 @@ class AsyncEngine:
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
+            report_progress=request.report_progress,
         )
         status = result.status
         if status == "overloaded":

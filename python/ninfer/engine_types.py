@@ -29,6 +29,7 @@ class GenerationRequest:
     stop_strings: list[str] = field(default_factory=list)  # matched on bytes; text withheld
     ignore_eos: bool = False
     min_tokens: int = 0  # eos and stops are suppressed until this many tokens exist
+    report_progress: bool = False  # a prompt-progress event after each prefill chunk
 
 
 @dataclass(slots=True)
@@ -57,6 +58,9 @@ class EngineEvent:
     completion_tokens: int = 0
     timings: Timings | None = None  # set on the finished event
     error: str | None = None
+    # Set only on a prompt-progress event (GenerationRequest.report_progress): the prompt
+    # tokens committed so far, after a prefill chunk that left more prompt. It has no tokens.
+    prompt_processed: int | None = None
 
 
 class EngineError(Exception):

@@ -109,13 +109,18 @@ async def _stream(
             first["prompt_token_ids"] = lowered.generation.prompt_ids
         await sse.event(first)
         if lowered.return_progress:
-            await sse.event(renderer.progress_chunk(_progress(total, 0, turn)))
+            await sse.event(renderer.progress_chunk(_progress(total, REUSED_PREFIX, turn)))
         prompt_done = False
         events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
         async with contextlib.aclosing(events):
             async for event in events:
                 if watcher.disconnected.is_set():
                     return event
+                if event.prompt_processed is not None:  # a committed prefill chunk
+                    if lowered.return_progress and not prompt_done:
+                        processed = max(REUSED_PREFIX, min(event.prompt_processed, total))
+                        await sse.event(renderer.progress_chunk(_progress(total, processed, turn)))
+                    continue
                 delta = turn.feed(event)
                 if (
                     lowered.return_progress
@@ -140,9 +145,20 @@ async def _stream(
         return None
 
 
+# Prompt tokens the engine reused instead of prefilling: none, this build has no prefix reuse.
+REUSED_PREFIX = 0
+
+
 def _progress(total: int, processed: int, turn: TurnDecoder) -> dict[str, Any]:
+    """One prompt_progress observation: `processed` counts the reused prefix, so the first
+    event has processed == cache and the last processed == total."""
     elapsed = (time.perf_counter() - turn.clock.admitted) * 1000.0
-    return {"total": total, "cache": 0, "processed": processed, "time_ms": round(elapsed)}
+    return {
+        "total": total,
+        "cache": REUSED_PREFIX,
+        "processed": processed,
+        "time_ms": round(elapsed),
+    }
 
 
 async def _send_delta(

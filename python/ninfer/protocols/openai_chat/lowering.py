@@ -78,6 +78,7 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         stop_token_ids=stop_token_ids(request.stop_token_ids, served),
         ignore_eos=bool(request.ignore_eos),
         min_tokens=request.min_tokens or 0,
+        report_progress=bool(request.stream and request.return_progress),
     )
     stream = bool(request.stream)
     return LoweredChat(
