@@ -149,3 +149,30 @@ def test_server_still_answers_after_hostile_bodies(server):
     response = post(server, "/v1/chat/completions", body)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"].startswith("You said: hi.")
+
+
+@pytest.mark.parametrize(
+    ("text", "lone_at"),
+    [
+        (rb'"\ud800"', 1),
+        (rb'"\udc00"', 1),
+        (rb'"\uDBFFx"', 1),
+        (rb'"\ud800\ud800\udc00"', 1),  # the first high has no low after it
+        (rb'"\ud83d\ude00\udc00"', 13),  # a pair, then a low alone
+        (rb'"\\\ud800"', 3),  # an escaped backslash, then a real escape
+        (rb'"\ud800\udc00"', None),
+        (rb'"\uDBFF\uDFFF"', None),
+        (rb'"\\ud800"', None),  # an escaped backslash, then the text "ud800"
+        (rb'"\u00e9 plain"', None),
+    ],
+)
+def test_lone_surrogate_detection(text, lone_at):
+    from ninfer.server.errors import ApiError
+    from ninfer.server.json_text import check_json_text
+
+    if lone_at is None:
+        check_json_text(text)
+        return
+    with pytest.raises(ApiError) as info:
+        check_json_text(text)
+    assert f"at offset {lone_at} " in info.value.message

@@ -14,15 +14,27 @@ import re
 
 from ninfer.server.errors import ApiError
 
-# A `\uD800`..`\uDBFF` escape not followed by a `\uDC00`..`\uDFFF` one, or a low-surrogate
-# escape not preceded by a high one. `(?<!\\)(?:\\\\)*` makes the backslash before `u` an
-# escape of its own rather than the second half of an escaped backslash (`"\\ud800"`).
-_HIGH = rb"[dD][89abAB][0-9a-fA-F]{2}"
-_LOW = rb"[dD][c-fC-F][0-9a-fA-F]{2}"
-_LONE_SURROGATE = re.compile(
-    rb"(?<!\\)(?:\\\\)*(?P<escape>\\u" + _HIGH + rb"(?!\\u" + _LOW + rb")"
-    rb"|(?<!\\u" + _HIGH + rb")\\u" + _LOW + rb")"
+# A high-low surrogate pair of escapes (an astral character: emoji), or any one surrogate
+# escape. Pairs are by far the common case and are skipped as a whole; the literal `\u`
+# prefix lets the regex engine scan ahead quickly.
+_SURROGATE_ESCAPES = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
 )
+_BACKSLASH = 0x5C
+
+
+def _lone_surrogate(body: bytes) -> tuple[int, str] | None:
+    """Offset and text of the first `\\u` escape naming an unpaired surrogate, if any."""
+    for match in _SURROGATE_ESCAPES.finditer(body):
+        at, end = match.span()
+        if end - at == 12:
+            continue  # a pair
+        backslashes = 0
+        while at - backslashes - 1 >= 0 and body[at - backslashes - 1] == _BACKSLASH:
+            backslashes += 1
+        if backslashes % 2 == 0:  # else `\\uD800`: an escaped backslash, then plain text
+            return at, match.group().decode("ascii")
+    return None
 
 
 def check_json_text(body: bytes) -> None:
@@ -39,13 +51,13 @@ def check_json_text(body: bytes) -> None:
             ) from None
     if b"\\u" not in body:
         return
-    lone = _LONE_SURROGATE.search(body)
+    lone = _lone_surrogate(body)
     if lone is not None:
-        escape = lone.group("escape").decode("ascii")
+        at, escape = lone
         raise ApiError(
             400,
-            f"request body is not valid JSON: the escape `{escape}` at offset "
-            f"{lone.start('escape')} is an unpaired UTF-16 surrogate, which encodes no "
-            "character (pair a high \\uD800-\\uDBFF escape with a low \\uDC00-\\uDFFF one)",
+            f"request body is not valid JSON: the escape `{escape}` at offset {at} is an "
+            "unpaired UTF-16 surrogate, which encodes no character (pair a high "
+            "\\uD800-\\uDBFF escape with a low \\uDC00-\\uDFFF one)",
             code="invalid_json",
         )
