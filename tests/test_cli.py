@@ -78,7 +78,8 @@ def test_spec_defaults():
 
 @pytest.mark.parametrize(("flag", "takes_value", "feature"), UNAVAILABLE_OPTIONS)
 def test_later_feature_flags_are_refused(flag, takes_value, feature, capsys):
-    argv = [flag, "1"] if takes_value else [flag]
+    value = "2" if "1" in NO_OP_VALUES.get(flag, ()) else "1"  # a value that asks for it
+    argv = [flag, value] if takes_value else [flag]
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["model.ninfer", *argv])
     assert exit_info.value.code == 2
@@ -93,6 +94,10 @@ def test_later_feature_flags_are_refused(flag, takes_value, feature, capsys):
         ["--spec", "off"],
         ["--ngram-draft-tokens", "0"],
         ["--log-stats-panel", "off"],
+        ["--log-colours", "off"],
+        ["--rope-yarn-factor", "1"],
+        ["--ngram-archive-mib", "0"],
+        ["--vision-offload", "off"],
     ],
 )
 def test_refused_features_accept_values_that_change_nothing(argv):

@@ -69,6 +69,10 @@ NO_OP_VALUES: dict[str, tuple[str, ...]] = {
     "--ngram-draft-tokens": ("0",),  # 0 disables n-gram drafting
     "--log-stats-interval-ms": ("0",),  # 0 disables the report (until the statistics exist)
     "--log-stats-panel": ("off",),  # no panel
+    "--log-colours": ("off",),  # the default: no colours
+    "--rope-yarn-factor": ("1", "1.0"),  # the default: no YaRN scaling
+    "--ngram-archive-mib": ("0",),  # the default: no n-gram archive
+    "--vision-offload": ("off",),  # the default, and there is no vision tower to offload
 }
 
 
