@@ -107,7 +107,10 @@ def test_return_progress_follows_the_engine_prefill_chunks(server):
     progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
     total = progress[0]["total"]
     assert total > 3 * 32
-    assert [p["processed"] for p in progress] == [0, *range(32, total, 32), total]
+    processed = [p["processed"] for p in progress]
+    # One event per committed chunk; a reader slower than prefill gets some merged into one.
+    assert processed[0] == 0 and processed[-1] == total and processed == sorted(set(processed))
+    assert set(processed[1:-1]) <= set(range(32, total, 32)) and len(processed) >= 3
     first_output = next(
         i for i, e in enumerate(events) if e["choices"] and e["choices"][0]["delta"].get("content")
     )

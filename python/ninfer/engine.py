@@ -93,6 +93,7 @@ class RequestHandle:
         self._finished = False  # the core reported the end (event queued or admission failed)
         self._consumed = False  # the consumer received the finished event
         self._cancel_sent = False
+        self._queued_progress: EngineEvent | None = None  # a progress event not yet consumed
 
     async def admitted(self) -> None:
         await self._admission.wait()
@@ -115,6 +116,8 @@ class RequestHandle:
             raise StopAsyncIteration
         await self.admitted()
         event = await self._events.get()
+        if event is self._queued_progress:
+            self._queued_progress = None
         if event.finished:
             self._consumed = True
         return event
@@ -155,16 +158,21 @@ class RequestHandle:
             self._fail_admission(QueueTimeout(core_event.error or "request queue timeout"))
             return
         if kind == "prompt_progress":
-            if self._admission_error is None:
-                self._events.put_nowait(
-                    EngineEvent(
-                        request_id=core_event.request_id,
-                        token_ids=[],
-                        text=b"",
-                        prompt_tokens=core_event.prompt_tokens,
-                        prompt_processed=core_event.prompt_processed,
-                    )
-                )
+            if self._admission_error is not None:
+                return
+            if self._queued_progress is not None:
+                # The consumer is slower than prefill: the event it has not read yet now
+                # carries the newest frontier instead of a second event queueing behind it.
+                self._queued_progress.prompt_processed = core_event.prompt_processed
+                return
+            self._queued_progress = EngineEvent(
+                request_id=core_event.request_id,
+                token_ids=[],
+                text=b"",
+                prompt_tokens=core_event.prompt_tokens,
+                prompt_processed=core_event.prompt_processed,
+            )
+            self._events.put_nowait(self._queued_progress)
             return
         if core_event.finished:
             self._finished = True
