@@ -42,7 +42,9 @@ IMPLEMENTED = [
     "--max-request-mib", "--default-max-tokens", "--no-thinking", "--preserve-thinking",
     "--cors", "--log-level", "--device", "--temperature", "--top-p", "--top-k", "--min-p",
     "--presence-penalty", "--frequency-penalty", "--seed", "--greedy", "--usage-chunk-choice",
-    "--tolerant-tool-calls", "--reasoning-effort", "--no-cuda-graph",
+    "--tolerant-tool-calls", "--reasoning-effort", "--log-stats-interval-ms",
+    "--log-stats-panel", "--log-colours", "--request-log-jsonl", "--request-log-max-mib",
+    "--request-log-keep", "--no-cuda-graph",
 ]  # fmt: skip
 
 
@@ -74,6 +76,13 @@ def test_spec_defaults():
     assert (args.max_request_mib, args.default_max_tokens, args.log_level) == (384, 8192, "info")
     assert args.model is None and args.api_key is None and not args.cors and not args.greedy
     assert process_sampling(args) == {}
+    assert (args.log_stats_interval_ms, args.log_stats_panel, args.log_colours) == (
+        5000,
+        "on",
+        "off",
+    )
+    assert args.request_log_jsonl is None and args.request_log_max_mib is None
+    assert args.request_log_keep == 4
 
 
 @pytest.mark.parametrize(("flag", "takes_value", "feature"), UNAVAILABLE_OPTIONS)
@@ -90,11 +99,8 @@ def test_later_feature_flags_are_refused(flag, takes_value, feature, capsys):
     "argv",
     [
         ["--kv-dtype", "bf16"],
-        ["--log-stats-interval-ms", "0"],
         ["--spec", "off"],
         ["--ngram-draft-tokens", "0"],
-        ["--log-stats-panel", "off"],
-        ["--log-colours", "off"],
         ["--rope-yarn-factor", "1"],
         ["--ngram-archive-mib", "0"],
         ["--vision-offload", "off"],
@@ -108,8 +114,7 @@ def test_refused_features_accept_values_that_change_nothing(argv):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--kv-dtype", "fp8"], ["--log-stats-interval-ms", "5000"], ["--spec", "mtp"],
-     ["--kv-dtype"], ["--log-stats-panel", "on"]],
+    [["--kv-dtype", "fp8"], ["--spec", "mtp"], ["--kv-dtype"], ["--rope-yarn-factor", "4"]],
 )  # fmt: skip
 def test_refused_features_still_refuse_values_that_ask_for_them(argv, capsys):
     with pytest.raises(SystemExit):
