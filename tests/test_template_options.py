@@ -6,6 +6,7 @@ import pytest
 
 from fake_engine import FakeTokenizer
 from ninfer.prompt import ChatTemplate
+from ninfer.prompt.chat_template import TemplateError
 from ninfer.prompt.literal_text import LiteralText, special_spellings
 from ninfer.prompt.template_options import (
     EFFORT_LEVELS,
@@ -81,6 +82,9 @@ def test_raise_exception_kwarg_binds_in_the_render():
     kwargs = resolve(kwargs={"raise_exception": "bound", "range": 5}).template_kwargs
     rendered = template(source).render([{"role": "user", "content": "hi"}], template_kwargs=kwargs)
     assert rendered == "boundhi"
+    refusing = template("{% if messages|length > 1 %}{{ raise_exception('one turn') }}{% endif %}")
+    with pytest.raises(TemplateError):  # a bound non-callable: the template's call fails, a 400
+        refusing.render([{}, {}], template_kwargs={"raise_exception": "bound"})
     looping = "{% for i in range(2) %}{{ i }}{% endfor %}"
     kwargs = resolve(kwargs={"range": 5}).template_kwargs
     assert template(looping).render([], template_kwargs=kwargs) == "01"
