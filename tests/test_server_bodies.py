@@ -1,8 +1,9 @@
-"""Bodies no struct field looks at still have to be JSON text: every POST route, one answer.
+"""Bodies must be JSON text, fields a struct skips included: every body-reading route, one answer.
 
-Deep nesting, invalid UTF-8 and lone surrogate escapes hidden in ignored fields, and integers
-beyond int64, each get a 400 in the OpenAI envelope that says what is wrong; the routes come
-from the app's own table, so a route added later is covered without editing this file.
+Deep nesting, invalid UTF-8 and lone surrogate escapes (in any string, and in the fields the
+OpenAI routes ignore), and integers beyond int64, each get a 400 in the route's own envelope
+that says what is wrong. The routes come from the app's own table, so a route added later is
+covered without editing this file (it starts from `{"model": ...}`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,22 @@ from ninfer.server.app import ROUTES
 from server_harness import start_server
 
 MODEL = "fake-chat"
-POST_PATHS = [route.path for route in ROUTES if route.method == "POST"]
+USER = [{"role": "user", "content": "hi"}]
+# A valid body for each route that reads one.
+BODIES: dict[str, dict] = {
+    "/v1/chat/completions": {"model": MODEL, "messages": USER},
+    "/v1/completions": {"model": MODEL, "prompt": "hi"},
+    "/tokenize": {"model": MODEL, "prompt": "hi"},
+    "/detokenize": {"model": MODEL, "tokens": [100]},
+    "/v1/messages": {"model": MODEL, "max_tokens": 8, "messages": USER},
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": USER},
+    "/v1/responses": {"model": MODEL, "input": "hi"},
+    "/v1/responses/input_tokens": {"model": MODEL, "input": "hi"},
+    "/v1/responses/compact": {"model": MODEL, "input": "hi"},
+}
+POST_PATHS = [route.path for route in ROUTES if route.method == "POST" and "{" not in route.path]
+# The OpenAI-style routes ignore these advisory fields (Responses refuses unknown fields).
+OPENAI_PATHS = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]
 IGNORED_FIELDS = ["metadata", "user", "prediction", "prompt_cache_key", "service_tier"]
 
 
@@ -38,53 +54,81 @@ def post(server, path: str, content: bytes) -> httpx.Response:
 
 
 def assert_envelope(response: httpx.Response, status: int, code: str) -> str:
+    """The error's message, after checking status, code and the route's envelope."""
     assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    body = response.json()
+    error = body["error"]
+    if response.url.path.startswith("/v1/messages"):  # Anthropic's, with NInfer's code
+        assert body["type"] == "error" and error["type"] == "invalid_request_error", body
+    else:
+        assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == code, error
     return error["message"]
 
 
-def with_field(name: str, raw_value: bytes) -> bytes:
-    """A valid chat body with `name` set to raw (possibly not UTF-8) JSON bytes."""
-    valid = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+def with_field(name: str, raw_value: bytes, path: str = "/v1/chat/completions") -> bytes:
+    """The route's valid body with `name` set to raw (possibly not UTF-8) JSON bytes."""
+    valid = json.dumps(BODIES.get(path, {"model": MODEL}))
     return valid[:-1].encode() + b', "' + name.encode() + b'": ' + raw_value + b"}"
 
 
+def with_model(raw_model: bytes, path: str) -> bytes:
+    """The route's valid body with raw bytes inside its `model` string."""
+    body = json.dumps({**BODIES.get(path, {}), "model": "MODEL"}).encode()
+    return body.replace(b'"MODEL"', b'"' + raw_model + b'"')
+
+
 def test_every_body_reading_route_is_covered():
-    assert {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"} <= set(
-        POST_PATHS
-    )
+    assert set(OPENAI_PATHS) <= set(POST_PATHS)
 
 
 @pytest.mark.parametrize("path", POST_PATHS)
+@pytest.mark.parametrize("raw", [b"fake\xe9chat", b"fake\xff", b"\xed\xa0\x80"])
+def test_invalid_utf8_in_any_string_is_invalid_json(server, path, raw):
+    message = assert_envelope(post(server, path, with_model(raw, path)), 400, "invalid_json")
+    assert "UTF-8" in message
+
+
+@pytest.mark.parametrize("path", POST_PATHS)
+def test_lone_surrogate_in_any_string_says_what_is_wrong(server, path):
+    response = post(server, path, with_model(b"fake\\ud800", path))
+    message = assert_envelope(response, 400, "invalid_json")
+    assert "surrogate" in message and "truncated" not in message
+
+
+@pytest.mark.parametrize("path", OPENAI_PATHS)
 @pytest.mark.parametrize("depth", [1000, 5000])
 def test_deep_nesting_in_an_ignored_field_is_a_400(server, path, depth):
     deep = b"[" * depth + b"]" * depth
     message = assert_envelope(
-        post(server, path, with_field("metadata", deep)), 400, "json_too_deep"
+        post(server, path, with_field("metadata", deep, path)), 400, "json_too_deep"
     )
     assert "nest" in message
 
 
 @pytest.mark.parametrize("path", POST_PATHS)
 def test_deep_nesting_as_the_whole_body_is_a_400(server, path):
-    assert_envelope(post(server, path, b'{"a":' * 3000 + b"1" + b"}" * 3000), 400, "json_too_deep")
+    response = post(server, path, b'{"a":' * 3000 + b"1" + b"}" * 3000)
+    # Too deep to decode, or refused before that (Responses refuses the unknown key `a`,
+    # /v1/responses/compact the whole operation): a 400 in the envelope, never a 500.
+    code = response.json()["error"].get("code") if response.status_code == 400 else None
+    assert code in ("json_too_deep", "unknown_parameter", "compaction_not_supported"), code
+    assert_envelope(response, 400, code)
 
 
-@pytest.mark.parametrize("path", POST_PATHS)
+@pytest.mark.parametrize("path", OPENAI_PATHS)
 @pytest.mark.parametrize("field", IGNORED_FIELDS)
 def test_invalid_utf8_in_an_ignored_field_is_invalid_json(server, path, field):
     message = assert_envelope(
-        post(server, path, with_field(field, b'"caf\xe9 \xff"')), 400, "invalid_json"
+        post(server, path, with_field(field, b'"caf\xe9 \xff"', path)), 400, "invalid_json"
     )
     assert "UTF-8" in message and "0xe9" in message
 
 
-@pytest.mark.parametrize("path", POST_PATHS)
+@pytest.mark.parametrize("path", OPENAI_PATHS)
 @pytest.mark.parametrize("escape", [b"\\ud800", b"\\uDBFFx", b"\\udc00"])
 def test_lone_surrogate_escape_says_what_is_wrong(server, path, escape):
-    body = with_field("user", b'"a' + escape + b'"')
+    body = with_field("user", b'"a' + escape + b'"', path)
     message = assert_envelope(post(server, path, body), 400, "invalid_json")
     assert "surrogate" in message and "truncated" not in message
 
