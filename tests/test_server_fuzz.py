@@ -139,6 +139,8 @@ def damaged_bodies(draw: st.DrawFn, path: str) -> bytes:
     body = json.loads(json.dumps(VALID_BODIES.get(path, {"model": MODEL})))
     for _ in range(draw(st.integers(1, 3))):
         action = draw(st.sampled_from(["set", "drop", "node", "deep", "advisory"]))
+        if not isinstance(body, dict):  # a "node" action replaced the whole body
+            break
         if action == "set":
             body[draw(st.sampled_from(field_names(path)))] = draw(json_values)
         elif action == "drop" and body:
