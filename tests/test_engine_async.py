@@ -283,3 +283,33 @@ def test_engine_follows_a_new_event_loop():
     second = asyncio.run(one())  # then serving in another
     asyncio.run(engine.close())
     assert first == second and len(first) == 4
+
+
+def test_prompt_progress_events_follow_prefill_chunks_and_coalesce_for_a_slow_reader():
+    prompt = list(range(1, 71))  # prefill_chunk 16: commits at 16, 32, 48, 64, then 70
+
+    async def main(pause: float):
+        engine = _engine()
+        handle = engine.submit(GenerationRequest(prompt, 2, report_progress=True))
+        await handle.admitted()
+        if pause:
+            await asyncio.sleep(pause)  # the whole prompt commits before anything is read
+        seen = []
+        async for event in handle:
+            seen.append(event)
+        quiet = engine.submit(GenerationRequest(prompt, 2))
+        plain = [event async for event in quiet]
+        await engine.close()
+        return seen, plain
+
+    seen, plain = asyncio.run(main(0.0))
+    progress = [e.prompt_processed for e in seen if e.prompt_processed is not None]
+    assert progress == sorted(set(progress)) and set(progress) <= {16, 32, 48, 64}
+    assert progress[-1] == 64  # coalescing keeps the newest frontier
+    assert all(not e.token_ids for e in seen if e.prompt_processed is not None)
+    assert sum(len(e.token_ids) for e in seen) == 2
+    assert all(e.prompt_processed is None for e in plain)  # only when asked for
+
+    slow, _ = asyncio.run(main(0.5))
+    slow_progress = [e.prompt_processed for e in slow if e.prompt_processed is not None]
+    assert slow_progress == [64]  # one event, carrying the newest frontier

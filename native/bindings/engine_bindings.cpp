@@ -62,6 +62,7 @@ const char* kind_name(EventKind k) {
     case EventKind::Admitted: return "admitted";
     case EventKind::Output: return "output";
     case EventKind::QueueTimeout: return "queue_timeout";
+    case EventKind::PromptProgress: return "prompt_progress";
   }
   return "?";
 }
@@ -238,6 +239,7 @@ void bind_events(py::module_& m) {
                              })
       .def_readonly("prompt_tokens", &EngineEvent::prompt_tokens)
       .def_readonly("cached_tokens", &EngineEvent::cached_tokens)
+      .def_readonly("prompt_processed", &EngineEvent::prompt_processed)
       .def_readonly("completion_tokens", &EngineEvent::completion_tokens)
       .def_property_readonly("logits",
                              [](const EngineEvent& e) -> py::object {
@@ -325,7 +327,8 @@ void bind_engine_class(py::module_& m) {
              int32_t think_open_id, int32_t think_close_id, std::vector<int32_t> thinking_close_ids,
              std::optional<CompileOutcome> constraint, int32_t constraint_start_after,
              const std::string& constraint_prefix,
-             bool capture_logits, std::vector<int32_t> cache_candidates) {
+             bool capture_logits, std::vector<int32_t> cache_candidates,
+             bool report_progress) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -345,6 +348,7 @@ void bind_engine_class(py::module_& m) {
               p.constraint = ConstraintRequest{constraint->constraint, constraint_start_after, constraint->cache,
                                                constraint->seconds, constraint_prefix};
             }
+            p.report_progress = report_progress;
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -357,9 +361,11 @@ void bind_engine_class(py::module_& m) {
           py::arg("thinking_close_ids") = std::vector<int32_t>{}, py::arg("constraint") = py::none(),
           py::arg("constraint_start_after") = -1, py::arg("constraint_prefix") = "",
           py::arg("capture_logits") = false, py::arg("cache_candidates") = std::vector<int32_t>{},
+          py::arg("report_progress") = false,
           "thinking_budget >= 0 caps the tokens committed while thinking is open: then "
           "thinking_close_ids are committed without sampling (see engine/thinking_budget.h). "
-          "constraint: a compiled grammar; tokens outside it are never sampled.")
+          "constraint: a compiled grammar; tokens outside it are never sampled. "
+          "report_progress: a prompt_progress event after each prefill chunk that leaves more prompt.")
       .def(
           "compile_grammar",
           [](PyEngine& self, const std::string& kind, const std::string& source, const std::string& lead) {

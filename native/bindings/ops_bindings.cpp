@@ -187,8 +187,15 @@ py::tuple rope_inv_freq(const std::string& config_json, int64_t seq_len) {
 
 void bind_ops(py::module_& m) {
   m.def("set_cpu_kernels", [](const std::string& name) { cpu::select_cpu_kernels(name); }, py::arg("name"),
-        "Selects the CPU kernel set: 'auto', 'scalar' (portable) or 'avx2'.");
+        "Selects the CPU kernel set: 'auto', 'scalar', 'avx2', 'avxvnni' or 'avx512vnni'.");
   m.def("cpu_kernels", [] { return std::string(cpu::cpu_kernels().name); }, "Name of the active CPU kernel set.");
+  m.def(
+      "best_cpu_kernels",
+      [](bool avx2_fma_f16c, bool avxvnni, bool avx512_f_bw_dq_vl_vnni) {
+        return std::string(cpu::best_kernel_name({avx2_fma_f16c, avxvnni, avx512_f_bw_dq_vl_vnni}));
+      },
+      py::arg("avx2_fma_f16c"), py::arg("avxvnni"), py::arg("avx512_f_bw_dq_vl_vnni"),
+      "The kernel set 'auto' picks on a CPU with these features (whether or not this one has them).");
   m.def("matmul", &matmul, py::arg("x"), py::arg("w"), py::arg("dtype"), py::arg("out"),
         py::arg("bias") = py::none(), py::arg("threads") = 0, py::arg("group_rows") = -1,
         "out[m, n] = x[m, k] @ w[n, k]^T (+ bias). w: f32 [n,k]; f16/bf16 bits uint16 [n,k]; "

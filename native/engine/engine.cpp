@@ -337,6 +337,7 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
   event.kind = kind;
   event.prompt_tokens = seq.prompt_len();
   event.cached_tokens = seq.cached_tokens;
+  event.prompt_processed = std::min(seq.cached, seq.prompt_len());
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
   const auto now = EngineClock::now();
   if (seq.phase == Phase::Pending) {
@@ -565,7 +566,10 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
       continue;
     }
     if (seq.phase == Phase::Prefilling) {
-      if (seq.cached < seq.prefill_target()) continue;  // more prompt to go: nothing to report
+      if (seq.cached < seq.prefill_target()) {  // more prompt to go: only progress to report
+        if (seq.params.report_progress) events.push_back(base_event(seq, EventKind::PromptProgress));
+        continue;
+      }
       seq.phase = Phase::Decoding;
       if (seq.replaying()) continue;  // restored after a pause: its tokens were reported already
       seq.prefilled = now;

@@ -49,6 +49,7 @@ struct GenerationParams {
   std::vector<int32_t> cache_candidates;
   ThinkingBudgetParams thinking;  // an optional thinking-token cap (thinking_budget.h)
   std::optional<ConstraintRequest> constraint;  // tokens outside the grammar are never sampled
+  bool report_progress = false;  // a PromptProgress event after each prefill chunk that leaves more prompt
 };
 
 }  // namespace ninfer

@@ -129,6 +129,7 @@ class RequestHandle:
         self._consumed = False  # the consumer received the finished event
         self._cancel_sent = False
         self.cached_tokens = 0  # the prefix cache's reuse, known once admitted
+        self._queued_progress: EngineEvent | None = None  # a progress event not yet consumed
         self.seed: int | None = None
 
     async def admitted(self) -> None:
@@ -152,6 +153,8 @@ class RequestHandle:
             raise StopAsyncIteration
         await self.admitted()
         event = await self._events.get()
+        if event is self._queued_progress:
+            self._queued_progress = None
         if event.finished:
             self._consumed = True
         return event
@@ -191,6 +194,23 @@ class RequestHandle:
         if kind == "queue_timeout":
             self._finished = True
             self._fail_admission(QueueTimeout(core_event.error or "request queue timeout"))
+            return
+        if kind == "prompt_progress":
+            if self._admission_error is not None:
+                return
+            if self._queued_progress is not None:
+                # The consumer is slower than prefill: the event it has not read yet now
+                # carries the newest frontier instead of a second event queueing behind it.
+                self._queued_progress.prompt_processed = core_event.prompt_processed
+                return
+            self._queued_progress = EngineEvent(
+                request_id=core_event.request_id,
+                token_ids=[],
+                text=b"",
+                prompt_tokens=core_event.prompt_tokens,
+                prompt_processed=core_event.prompt_processed,
+            )
+            self._events.put_nowait(self._queued_progress)
             return
         if core_event.finished:
             self._finished = True
@@ -306,6 +326,7 @@ class AsyncEngine:
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
             **({"cache_candidates": request.cache_candidates} if request.cache_candidates else {}),
+            report_progress=request.report_progress,
             **(_thinking_budget_options(budget) if budget is not None else {}),
             **_constraint_arguments(request),
         )

@@ -3,6 +3,7 @@ table the core matches stop strings on), the chat template and the native engine
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,14 @@ class EngineParts:
     chat_template: str | None
 
 
+def apply_cuda_graphs(config: EngineConfig) -> None:
+    """--no-cuda-graph: the CUDA backend reads NINFER_CUDA_GRAPHS before every decode step
+    (cuda_step_graphs.cpp), so turning graphs off is setting it for this process; when graphs
+    are wanted the environment is left as the operator set it."""
+    if not config.cuda_graphs:
+        os.environ["NINFER_CUDA_GRAPHS"] = "0"
+
+
 def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
     from ninfer import _core
     from ninfer.engine import core_options
@@ -37,6 +46,7 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         eos_token_ids=eos_ids,
         add_bos_token=bool(section.get("add_bos_token", False)),
     )
+    apply_cuda_graphs(config)
     core = _core.Engine.open(
         str(path),
         core_options(config, eos_ids),

@@ -53,6 +53,7 @@ class GenerationRequest:
     constraint: Any = None
     constraint_start_after: int = -1
     constraint_prefix: str = ""  # answer text already given (a prefill), consumed first
+    report_progress: bool = False  # a prompt-progress event after each prefill chunk
 
 
 @dataclass(slots=True)
@@ -84,6 +85,9 @@ class EngineEvent:
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache (fixed at admission)
     error: str | None = None
     constraint: dict[str, Any] | None = None  # constrained requests: the matcher's counters
+    # Set only on a prompt-progress event (GenerationRequest.report_progress): the prompt
+    # tokens committed so far, after a prefill chunk that left more prompt. It has no tokens.
+    prompt_processed: int | None = None
 
 
 class EngineError(Exception):
@@ -131,3 +135,4 @@ class EngineConfig:
     tap_ladder: int = 0  # hybrid: ladder base G; 0 = max(4096, 2 * prefill_chunk)
     tap_min_gap: int = 0  # hybrid: minimum tap spacing; 0 = max(1024, prefill_chunk)
     prefix_cache_file: str | None = None  # restore the cache from it at open, save on close
+    cuda_graphs: bool = True  # replay captured CUDA graphs for decode steps (CUDA devices)

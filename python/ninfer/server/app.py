@@ -17,7 +17,7 @@ from ninfer.server.anthropic_messages import TokenCountGate, count_tokens, messa
 from ninfer.server.chat_completions import chat_completions
 from ninfer.server.completions import completions
 from ninfer.server.config import AppConfig
-from ninfer.server.errors import ApiError, from_engine_error
+from ninfer.server.errors import ApiError, from_unhandled
 from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
 from ninfer.server.inflight import InflightRequests
 from ninfer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -334,7 +334,7 @@ class NInferApp:
         return headers
 
     async def _send_error(self, request: HttpRequest, exc: Exception) -> None:
-        error = exc if isinstance(exc, ApiError) else from_engine_error(exc)
+        error = exc if isinstance(exc, ApiError) else from_unhandled(exc)
         if error is None:
             log.exception("%s %s %s failed", request.request_id, request.method, request.path)
             error = ApiError(500, "internal server error", code="internal_error")

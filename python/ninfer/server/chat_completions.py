@@ -132,6 +132,11 @@ async def _stream(
             async for event in events:
                 if watcher.disconnected.is_set():
                     return event
+                if event.prompt_processed is not None:  # a committed prefill chunk
+                    if lowered.return_progress and not prompt_done:
+                        processed = max(turn.cached_tokens, min(event.prompt_processed, total))
+                        await sse.event(renderer.progress_chunk(_progress(total, processed, turn)))
+                    continue
                 delta = turn.feed(event)
                 if (
                     lowered.return_progress
@@ -157,7 +162,10 @@ async def _stream(
         return None
 
 
+
 def _progress(total: int, processed: int, turn: TurnDecoder) -> dict[str, Any]:
+    """One prompt_progress observation: `processed` counts the reused prefix, so the first
+    event has processed == cache and the last processed == total."""
     elapsed = (time.perf_counter() - turn.clock.admitted) * 1000.0
     return {
         "total": total,

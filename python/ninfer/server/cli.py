@@ -33,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # for server_start, redacted
     configure_logging(args.log_level)
+    for option in args.no_op_options:
+        log.info("accepted `%s`: it asks for nothing this build lacks, so it has no effect", option)
     try:
         return _main(args)
     except KeyboardInterrupt:  # Ctrl+C before the server was ready: one press ends startup
@@ -128,6 +130,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefix_reuse=not no_reuse,
         prefix_cache_file=getattr(args, "prefix_cache_file", None),
         **{key: value for key, value in optional.items() if value is not None},
+        cuda_graphs=not args.no_cuda_graph,
     )
 
 

@@ -12,10 +12,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ninfer.engine_types import EngineEvent, GenerationRequest
+from ninfer.engine_types import EngineEvent, EngineUnavailable, GenerationRequest
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.disconnect import DisconnectWatcher
-from ninfer.server.errors import ApiError, from_engine_error
+from ninfer.server.errors import ApiError, from_unhandled
 from ninfer.server.http import HttpRequest
 from ninfer.server.inflight import InflightRequests, shutting_down
 from ninfer.server.sse import SseStream, await_with_heartbeat
@@ -48,6 +48,7 @@ async def run_generation(
             handle = served.engine.submit(generation)
         except ValueError as exc:  # the engine's verdict on this request's parameters
             raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
+        handle = _ServedHandle(handle, inflight)
         if telemetry is not None:
             seed = getattr(handle, "seed", None)
             if seed is None:  # the engine did not say: the request's own, if any
@@ -72,6 +73,33 @@ async def run_generation(
     finally:
         watcher.stop()
     return final, watcher.disconnected.is_set()
+
+
+class _ServedHandle:
+    """The engine's request handle, except that a wait for a lane which the server's own stop
+    cancelled says so ("the server is shutting down") instead of the engine's generic
+    "request was cancelled"."""
+
+    def __init__(self, handle: Any, inflight: InflightRequests) -> None:
+        self._handle = handle
+        self._inflight = inflight
+
+    async def admitted(self) -> None:
+        try:
+            await self._handle.admitted()
+        except EngineUnavailable:
+            if self._inflight.closing:
+                raise shutting_down() from None
+            raise
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def __aiter__(self) -> Any:
+        return self._handle.__aiter__()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
 
 
 def report_turn(handle: Any, turn: Any) -> None:
@@ -122,10 +150,21 @@ def stream_failure(
     Each protocol frames it in its own error event."""
     if watcher.disconnected.is_set():
         return None
-    error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
+    error = from_unhandled(exc) or (exc if isinstance(exc, ApiError) else None)
     if error is None:
         log.exception("%s: stream failed", request.request_id)
         error = ApiError(500, "internal error while streaming", code="internal_error")
+    else:  # the same record an answer that had not started gets at the app boundary
+        log.log(
+            logging.INFO if error.status < 500 else logging.WARNING,
+            "%s %s %s: stream ended with %d %s: %s",
+            request.request_id,
+            request.method,
+            request.path,
+            error.status,
+            error.code,
+            error.message,
+        )
     return error
 
 

@@ -37,8 +37,20 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--vision", False, "vision input"),
     ("--vision-offload", True, "vision input"),
     ("--vision-max-merged", True, "vision input"),
-    ("--no-cuda-graph", False, "CUDA graph decode"),
 )
+
+
+# Values of those options that ask for nothing this build lacks: the spec's default, or a
+# setting that turns the feature off. Command lines copied from the spec's examples carry
+# them, so they are accepted (and named in a startup notice) instead of refused.
+NO_OP_VALUES: dict[str, tuple[str, ...]] = {
+    "--kv-dtype": ("bf16",),  # the one KV format this build stores
+    "--spec": ("off",),  # no speculative backend, as when --spec is absent
+    "--ngram-draft-tokens": ("0",),  # 0 disables n-gram drafting
+    "--rope-yarn-factor": ("1", "1.0"),  # the default: no YaRN scaling
+    "--ngram-archive-mib": ("0",),  # the default: no n-gram archive
+    "--vision-offload": ("off",),  # the default, and there is no vision tower to offload
+}
 
 
 # Options of the original continuation/checkpoint cache, which NInfer does not have: the hybrid
@@ -110,6 +122,10 @@ class _Refuse(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        if isinstance(values, str) and values in NO_OP_VALUES.get(option_string or "", ()):
+            accepted = getattr(namespace, "no_op_options", None) or []
+            namespace.no_op_options = [*accepted, f"{option_string} {values}"]
+            return
         parser.error(f"{option_string} is not available in this build ({self.feature})")
 
 
@@ -317,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="original prefix cache: refused, NInfer has only the hybrid cache "
             "(default: refused)",
         )
+    engine.add_argument(
+        "--no-cuda-graph",
+        action="store_true",
+        help="run every CUDA decode step eagerly instead of replaying captured CUDA graphs "
+        "(default: graphs on)",
+    )
     gen = parser.add_argument_group("generation defaults")
     gen.add_argument(
         "--default-max-tokens",
@@ -459,16 +481,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="rotated request-log files kept, 0..1000; requires --request-log-max-mib (default: 4)",
     )
-    later = parser.add_argument_group("not available in this build (refused if given)")
+    later = parser.add_argument_group(
+        "not available in this build (refused if given, except a value that changes nothing)"
+    )
     for flag, takes_value, feature in UNAVAILABLE_OPTIONS:
+        no_op = NO_OP_VALUES.get(flag)
         later.add_argument(
             flag,
             action=_Refuse,
             feature=feature,
             nargs="?" if takes_value else 0,
             metavar="VALUE",
-            help=f"{feature}: not available in this build",
+            help=f"{feature}: not available in this build"
+            + (f" (accepted: {', '.join(no_op)})" if no_op else ""),
         )
+    parser.set_defaults(no_op_options=[])
     return parser
 
 

@@ -19,6 +19,7 @@ from ninfer.protocols.conversation import (
     ToolDefinition,
     render_conversation,
 )
+from ninfer.protocols.generation_fields import check_mm_processor_kwargs
 from ninfer.protocols.openai_chat.constraints import chat_constraint
 from ninfer.protocols.openai_chat.messages import lower_messages
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
@@ -98,6 +99,7 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
             max_tokens,
             "max_completion_tokens",
         ),
+        report_progress=bool(request.stream and request.return_progress),
     )
     output = single_output_constraint(
         parse_response_format(request.response_format, "response_format", nested=True),
@@ -149,10 +151,11 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
         raise unsupported("logit_bias", "logit biases are not applied to the sampler")
     if request.repetition_penalty not in (None, 1, 1.0):
         raise unsupported("repetition_penalty", "only the neutral value 1 is accepted")
+    # An `audio` configuration is inert while the output is text only (modalities absent or
+    # ["text"]); asking for the audio modality is what requests audio output.
     if request.modalities is not None and any(m != "text" for m in request.modalities):
         raise unsupported("modalities", "only text output is produced (no audio output)")
-    if request.audio is not None:
-        raise unsupported("audio", "audio output is not produced")
+    check_mm_processor_kwargs(request.mm_processor_kwargs)
     if request.functions:
         raise unsupported(
             "functions", "legacy function definitions are not served; declare `tools` instead"
