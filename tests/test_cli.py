@@ -34,7 +34,7 @@ IMPLEMENTED = [
     "--max-request-mib", "--default-max-tokens", "--no-thinking", "--preserve-thinking",
     "--cors", "--log-level", "--device", "--temperature", "--top-p", "--top-k", "--min-p",
     "--presence-penalty", "--frequency-penalty", "--seed", "--greedy", "--usage-chunk-choice",
-    "--tolerant-tool-calls", "--reasoning-effort",
+    "--tolerant-tool-calls", "--reasoning-effort", "--load-format",
 ]  # fmt: skip
 
 

@@ -224,20 +224,22 @@ void bind_engine_class(py::module_& m) {
       .def_static(
           "open",
           [](const std::string& artifact_path, const EngineOptions& options, const std::vector<py::bytes>& token_bytes,
-             std::optional<std::vector<int32_t>> eos_ids, int threads, const std::string& device) {
+             std::optional<std::vector<int32_t>> eos_ids, int threads, const std::string& device,
+             int64_t random_weights_seed) {
             auto bytes = bytes_list(token_bytes);
             EngineOptions resolved = options;
             if (eos_ids) resolved.eos_ids = *eos_ids;
             RuntimeOptions runtime;
             runtime.threads = threads;
             runtime.device = device;
+            runtime.random_weights_seed = random_weights_seed;
             py::gil_scoped_release release;
             PyEngine e;
             e.engine = open_engine(artifact_path, std::move(resolved), std::move(bytes), runtime);
             return e;
           },
           py::arg("artifact_path"), py::arg("options"), py::arg("token_bytes"), py::arg("eos_ids") = py::none(),
-          py::arg("threads") = 0, py::arg("device") = "cpu",
+          py::arg("threads") = 0, py::arg("device") = "cpu", py::arg("random_weights_seed") = -1,
           "An engine over a .ninfer artifact's model. eos_ids None = options.eos_ids, or the artifact's own.")
       .def(
           "submit",

@@ -38,6 +38,7 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   model_options.max_batch_tokens = options.prefill_chunk + options.max_concurrency;
   model_options.threads = runtime.threads;
   model_options.device = runtime.device;
+  model_options.random_weights_seed = runtime.random_weights_seed;
   auto model = load_model(*artifact, *pool, model_options);
   return std::make_unique<Engine>(std::move(pool), std::move(model), std::move(options), std::move(token_bytes),
                                   std::move(artifact));

@@ -174,6 +174,7 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
   if (random_weights()) {
     // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
+    add_random_weight_statistics(info_, rows * cols, rows * cols * 2, "bf16");
     return backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
   }
   return backend_->upload_weight(checked(name, {rows, cols}));
@@ -183,6 +184,8 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
 Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape) {
   if (random_weights()) {
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
+    const int64_t elements = shape[0] * shape[1] * shape[2];
+    add_random_weight_statistics(info_, elements, elements * 2, "bf16");
     return backend_->random_weight(shape[0] * shape[1], shape[2], seed,
                                    std::sqrt(3.0f / static_cast<float>(shape[2])));
   }
@@ -203,6 +206,7 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
   if (random_weights()) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
+    add_random_weight_statistics(info_, n, n * 4, "f32");
     return filled(n, random_value);
   }
   TensorView flat = checked(name, shape);
@@ -211,7 +215,10 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
 }
 
 Buffer Qwen35Model::zero_centered_norm(const std::string& name, int64_t size) {
-  if (random_weights()) return filled(size, 1.0f);  // w = 0
+  if (random_weights()) {
+    add_random_weight_statistics(info_, size, size * 4, "f32");
+    return filled(size, 1.0f);  // w = 0
+  }
   Buffer w = vector(name, {size}, 0.0f);
   std::vector<float> host(static_cast<size_t>(size));
   backend_->synchronize();

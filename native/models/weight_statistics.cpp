@@ -19,4 +19,10 @@ void add_weight_statistics(const Artifact& artifact, ModelInfo& info) {
     if (bytes > best) best = bytes, info.weight_format = format;
 }
 
+void add_random_weight_statistics(ModelInfo& info, int64_t elements, int64_t bytes, const char* format) {
+  info.num_params += elements;
+  info.weight_bytes += bytes;
+  if (std::string(format) == "bf16" || info.weight_format.empty()) info.weight_format = format;
+}
+
 }  // namespace ninfer

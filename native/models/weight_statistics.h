@@ -9,4 +9,8 @@ namespace ninfer {
 // payload bytes) from every tensor of the artifact.
 void add_weight_statistics(const Artifact& artifact, ModelInfo& info);
 
+// The same facts for a weight a backend made as random values instead (random_weights_seed):
+// `elements` values stored as `format`, `bytes` in all.
+void add_random_weight_statistics(ModelInfo& info, int64_t elements, int64_t bytes, const char* format);
+
 }  // namespace ninfer

@@ -96,3 +96,6 @@ class EngineConfig:
     pending_timeout_ms: int = 0  # 0 = wait forever
     threads: int = 0  # CPU threads; 0 = all cores
     device: str = "cpu"
+    # None: weights come from the artifact. An int: only its header is read and the engine
+    # makes seeded random weights on the device (benchmarks of real shapes, no weight file).
+    random_weights_seed: int | None = None

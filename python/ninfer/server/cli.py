@@ -93,7 +93,15 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_pending_requests=args.max_pending_requests,
         pending_timeout_ms=args.pending_timeout_ms,
         device=resolve_device(args.device),
+        random_weights_seed=dummy_weights_seed(args),
     )
+
+
+def dummy_weights_seed(args: argparse.Namespace) -> int | None:
+    """The seed of `--load-format dummy` weights (`--seed`, else 0), None for real weights."""
+    if args.load_format != "dummy":
+        return None
+    return 0 if args.seed is None else args.seed
 
 
 def resolve_device(flag: str | None) -> str:
@@ -119,6 +127,11 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
 
     config = engine_config(args)
     log.info("loading %s (device %s)", artifact, config.device)
+    if config.random_weights_seed is not None:
+        log.info(
+            "dummy weights: seeded random values (seed %d), not a trained model",
+            config.random_weights_seed,
+        )
     try:
         engine = AsyncEngine.open(str(artifact), config)
     except Exception as exc:  # a bad file or an unavailable device: say which, then exit
