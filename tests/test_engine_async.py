@@ -283,3 +283,45 @@ def test_engine_follows_a_new_event_loop():
     second = asyncio.run(one())  # then serving in another
     asyncio.run(engine.close())
     assert first == second and len(first) == 4
+
+
+def test_next_within_times_out_without_losing_events():
+    """A quiet engine (each step 30 ms) answers next_within(5 ms) with None, and the stream
+    still yields every token; with_heartbeat beats in the gaps and yields the same events."""
+    from ninfer.server.sse import with_heartbeat
+
+    async def main():
+        engine = _engine()
+        engine._core.toy_set_step_delay_us(30_000)
+        request = GenerationRequest(
+            prompt_ids=[5, 6, 7], max_tokens=4, sampling=SamplingParams(temperature=0.0)
+        )
+        handle = engine.submit(request)
+        await handle.admitted()
+        events, timeouts = [], 0
+        while True:
+            try:
+                event = await handle.next_within(0.005)
+            except StopAsyncIteration:
+                break
+            if event is None:
+                timeouts += 1
+            else:
+                events.append(event)
+        beats = []
+
+        async def beat():
+            beats.append(1)
+
+        again = engine.submit(request)
+        await again.admitted()
+        relayed = [e async for e in with_heartbeat(again, 0.005, beat)]
+        await engine.close()
+        return events, timeouts, relayed, len(beats)
+
+    events, timeouts, relayed, beats = asyncio.run(main())
+    tokens = [t for e in events for t in e.token_ids]
+    assert len(tokens) == 4 and events[-1].finished and timeouts >= 3
+    assert [t for e in relayed for t in e.token_ids] == tokens and beats >= 3
+    assert events[-1].timings is not None  # only the finished event carries timings
+    assert all(e.timings is None for e in events[:-1])
