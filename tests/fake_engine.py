@@ -19,6 +19,7 @@ import asyncio
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 
 from ninfer.engine_types import (
@@ -84,6 +85,7 @@ class FakeHandle:
         self._wake = asyncio.Event()
         self._submitted = time.perf_counter()
         self._admitted_at: float | None = None
+        self._settled = False  # its outcome is counted (stats())
 
     async def admitted(self) -> None:
         if self._has_lane:
@@ -95,15 +97,22 @@ class FakeHandle:
             await asyncio.wait_for(self._engine._lanes.acquire(), timeout)
         except TimeoutError:
             self._release()
+            self._settled = True
+            self._engine.counts["queue_timeouts"] += 1
             raise QueueTimeout("no lane within the pending deadline") from None
         if self.cancelled:  # cancelled while waiting: give the lane straight back
             self._engine._lanes.release()
             raise EngineUnavailable("request was cancelled")
         self._has_lane = True
         self._engine.active += 1
+        self._engine.counts["prompt_tokens"] += len(self.request.prompt_ids)
+        self._engine.counts["tokens_prefilled"] += len(self.request.prompt_ids)
         self._admitted_at = time.perf_counter()
 
     def cancel(self) -> None:
+        if not self._settled:  # the engine's count, whether or not anyone reads the end
+            self._settled = True
+            self._engine.counts["finished_cancelled"] += 1
         self.cancelled = True
         self._wake.set()
         self._release()
@@ -174,6 +183,8 @@ class FakeHandle:
                     return
             keep = _longest_stop_prefix(held, stops)
             visible, held = held[: len(held) - keep], held[len(held) - keep :]
+            engine.counts["tokens_decoded"] += 1
+            engine.counts["decode_tokens"] += count > 1
             yield EngineEvent(self.request_id, [token], visible)
             await self._sleep(engine.token_delay)
 
@@ -193,6 +204,12 @@ class FakeHandle:
     ) -> EngineEvent:
         now = time.perf_counter()
         admitted = self._admitted_at or now
+        if not self._settled:
+            self._settled = True
+            self._engine.counts[f"finished_{reason}"] += 1
+        if reason == "stop":  # the token that stopped (eos, or the end of a stop string) counts
+            self._engine.counts["tokens_decoded"] += 1
+            self._engine.counts["decode_tokens"] += count > 1
         return EngineEvent(
             self.request_id,
             [],
@@ -206,6 +223,7 @@ class FakeHandle:
                 queue_ms=(admitted - self._submitted) * 1000,
                 prompt_ms=(prompt_done - admitted) * 1000,
                 predicted_ms=(now - prompt_done) * 1000,
+                decode_share_ms=(now - prompt_done) * 1000,  # one stream: all its own
             ),
         )
 
@@ -266,6 +284,17 @@ class FakeEngine:
         self.scripted: dict[str, str] = {}
         self._next_id = 0
         self._lanes_obj: asyncio.Semaphore | None = None
+        self.counts: Counter[str] = Counter()  # what the native engine's stats() counts
+
+    def stats(self) -> dict[str, int | bool]:
+        """The native engine's snapshot shape (the subset this fake can count)."""
+        return {
+            **self.counts,
+            "lanes": self.config.max_concurrency,
+            "running": self.active,
+            "pending": self.outstanding - self.active,
+            "healthy": self.healthy,
+        }
 
     @classmethod
     def open(cls, artifact_path: str, config: EngineConfig) -> FakeEngine:
@@ -288,6 +317,7 @@ class FakeEngine:
         if len(request.prompt_ids) > self.max_context:
             raise ContextLengthExceeded(len(request.prompt_ids), self.max_context)
         if self.outstanding >= self.config.max_concurrency + self.config.max_pending_requests:
+            self.counts["submits_refused"] += 1
             raise EngineOverloaded("capacity full")
         self.outstanding += 1
         self._next_id += 1

@@ -47,11 +47,11 @@ class RunningServer:
 
 
 def start_server(
-    engine: Any, config: AppConfig | None = None, **served_kwargs: Any
+    engine: Any, config: AppConfig | None = None, telemetry: Any = None, **served_kwargs: Any
 ) -> RunningServer:
     served = load_served_model(engine, **served_kwargs)
     ready = threading.Event()
-    app = NInferApp(served, config or AppConfig(), on_ready=ready.set)
+    app = NInferApp(served, config or AppConfig(), on_ready=ready.set, telemetry=telemetry)
     port = free_port()
     holder: dict[str, Any] = {}
 

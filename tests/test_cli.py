@@ -34,7 +34,9 @@ IMPLEMENTED = [
     "--max-request-mib", "--default-max-tokens", "--no-thinking", "--preserve-thinking",
     "--cors", "--log-level", "--device", "--temperature", "--top-p", "--top-k", "--min-p",
     "--presence-penalty", "--frequency-penalty", "--seed", "--greedy", "--usage-chunk-choice",
-    "--tolerant-tool-calls", "--reasoning-effort", "--load-format",
+    "--tolerant-tool-calls", "--reasoning-effort", "--log-stats-interval-ms",
+    "--log-stats-panel", "--log-colours", "--request-log-jsonl", "--request-log-max-mib",
+    "--request-log-keep", "--load-format",
 ]  # fmt: skip
 
 
@@ -66,6 +68,13 @@ def test_spec_defaults():
     assert (args.max_request_mib, args.default_max_tokens, args.log_level) == (384, 8192, "info")
     assert args.model is None and args.api_key is None and not args.cors and not args.greedy
     assert process_sampling(args) == {}
+    assert (args.log_stats_interval_ms, args.log_stats_panel, args.log_colours) == (
+        5000,
+        "on",
+        "off",
+    )
+    assert args.request_log_jsonl is None and args.request_log_max_mib is None
+    assert args.request_log_keep == 4
 
 
 @pytest.mark.parametrize(("flag", "takes_value", "feature"), UNAVAILABLE_OPTIONS)

@@ -266,8 +266,8 @@ def test_step_failures_are_logged_and_health_follows_the_core(caplog):
     with caplog.at_level("WARNING", logger="ninfer.engine"):
         assert asyncio.run(main()) is False
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("worker recovering from a failed request") for m in messages)
-    assert any(m.startswith("engine stopped") for m in messages)
+    assert any(m.startswith("engine | worker recovering from a failed request") for m in messages)
+    assert any(m.startswith("engine | engine stopped") for m in messages)
 
 
 def test_engine_follows_a_new_event_loop():

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from metrics_scrape import scrape
 from ninfer.engine_types import EngineConfig
 from server_harness import start_server
 
@@ -134,3 +135,17 @@ def test_cancelled_stream_leaves_no_trace(server):
                 break  # hang up after the first event
     after = _chat(server, PROMPTS[3])["choices"][0]["message"]["content"]
     assert after == before
+
+
+def test_metrics_report_the_hybrid_state_slots_and_tokens(server):
+    before = scrape(server.base_url)
+    usage = _chat(server, PROMPTS[0], max_tokens=7)["usage"]
+    after = scrape(server.base_url)
+    assert after.value("ninfer_device_state_capacity_slots") == 4  # one per lane
+    assert after.value("ninfer_device_state_used_slots") == 0
+    grown = after.value("ninfer_generation_tokens_total") - before.value(
+        "ninfer_generation_tokens_total"
+    )
+    assert grown == usage["completion_tokens"] == 7
+    prompt = after.value("ninfer_prompt_tokens_total") - before.value("ninfer_prompt_tokens_total")
+    assert prompt == usage["prompt_tokens"]

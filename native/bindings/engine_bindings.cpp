@@ -106,6 +106,8 @@ py::dict stats_dict(const EngineStats& s) {
   d["pending"] = s.pending;
   d["kv_pages_total"] = s.kv_pages_total;
   d["kv_pages_free"] = s.kv_pages_free;
+  d["state_slots_total"] = s.state_slots_total;
+  d["state_slots_used"] = s.state_slots_used;
   d["requests_admitted"] = s.requests_admitted;
   d["requests_finished"] = s.requests_finished;
   d["tokens_prefilled"] = s.tokens_prefilled;
@@ -114,6 +116,20 @@ py::dict stats_dict(const EngineStats& s) {
   d["decode_rows"] = s.decode_rows;
   d["consecutive_failures"] = s.consecutive_failures;
   d["healthy"] = s.healthy;
+  d["prefilling"] = s.prefilling;
+  d["decode_ready"] = s.decode_ready;
+  d["prompt_tokens"] = s.prompt_tokens;
+  d["prompt_tokens_cached"] = s.prompt_tokens_cached;
+  d["decode_tokens"] = s.decode_tokens;
+  d["decode_rounds"] = s.decode_rounds;
+  d["finished_stop"] = s.finished_stop;
+  d["finished_length"] = s.finished_length;
+  d["finished_cancelled"] = s.finished_cancelled;
+  d["finished_error"] = s.finished_error;
+  d["queue_timeouts"] = s.queue_timeouts;
+  d["submits_refused"] = s.submits_refused;
+  d["recoveries_out_of_memory"] = s.recoveries_out_of_memory;
+  d["recoveries_failed_step"] = s.recoveries_failed_step;
   return d;
 }
 
@@ -151,6 +167,7 @@ void bind_events(py::module_& m) {
       .def_readonly("message", &SubmitResult::message)
       .def_readonly("prompt_tokens", &SubmitResult::prompt_tokens)
       .def_readonly("max_context", &SubmitResult::max_context)
+      .def_readonly("seed", &SubmitResult::seed)
       .def("__repr__", [](const SubmitResult& r) {
         return "<SubmitResult " + std::string(status_name(r.status)) + " id=" + std::to_string(r.request_id) +
                (r.message.empty() ? "" : " " + r.message) + ">";
@@ -185,6 +202,7 @@ void bind_events(py::module_& m) {
       .def_property_readonly("queue_ms", [](const EngineEvent& e) { return e.timings.queue_ms; })
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
+      .def_property_readonly("decode_share_ms", [](const EngineEvent& e) { return e.timings.decode_share_ms; })
       .def_property_readonly("error", [](const EngineEvent& e) -> py::object {
         if (e.error.empty()) return py::none();
         return py::str(e.error);
@@ -294,6 +312,12 @@ void bind_engine_class(py::module_& m) {
       .def_property_readonly("eos_ids", [](const PyEngine& self) { return self.engine->options().eos_ids; })
       .def_property_readonly("model_info", [](const PyEngine& self) { return info_dict(self.engine->model_info()); })
       .def("shutdown", [](PyEngine& self) { self.engine->shutdown(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "inject_step_failures",
+          [](PyEngine& self, int count, bool out_of_memory) { self.engine->inject_step_failures(count, out_of_memory); },
+          py::arg("count"), py::kw_only(), py::arg("out_of_memory") = false,
+          "Test hook: the next `count` model steps fail (as out of memory, or as a failed check) "
+          "through the engine's recovery path.")
       .def(
           "toy_fail_next_forwards",
           [](PyEngine& self, int count) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <span>
 #include <stdexcept>
+#include <string_view>
 
 namespace ninfer {
 
@@ -17,6 +18,20 @@ double elapsed_ms(EngineClock::time_point from, EngineClock::time_point to) {
 bool contains(const std::vector<int32_t>& ids, int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
+
+// An allocation that failed (host or device) rather than a broken invariant: the unit's
+// requests fail, but nothing says the next unit cannot succeed once they are gone.
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
+  const std::string_view what = e.what();
+  return what.find("cudaErrorMemoryAllocation") != std::string_view::npos ||
+         what.find("out of memory") != std::string_view::npos;
+}
+
+class InjectedOutOfMemory : public std::bad_alloc {
+ public:
+  const char* what() const noexcept override { return "injected out-of-memory condition"; }
+};
 
 // One sampling thread per lane, up to the machine's hardware threads.
 int sampling_threads(int lanes) {
@@ -124,12 +139,14 @@ SubmitResult Engine::submit(GenerationParams params) {
 
   std::lock_guard lock(mu_);
   if (stopping_ || !healthy_) {
+    submits_refused_.fetch_add(1, std::memory_order_relaxed);
     result.status = SubmitStatus::Unavailable;
     result.message = failure_.empty() ? "the engine is shutting down" : failure_;
     return result;
   }
   const size_t capacity = static_cast<size_t>(options_.max_concurrency) + static_cast<size_t>(options_.max_pending);
   if (live_.size() >= capacity) {
+    submits_refused_.fetch_add(1, std::memory_order_relaxed);
     result.status = SubmitStatus::Overloaded;
     result.message = "all " + std::to_string(options_.max_concurrency) + " lanes and " +
                      std::to_string(options_.max_pending) + " pending slots are in use";
@@ -139,6 +156,7 @@ SubmitResult Engine::submit(GenerationParams params) {
   seq->submitted = now;
   if (options_.pending_timeout_ms > 0) seq->deadline = now + std::chrono::milliseconds(options_.pending_timeout_ms);
   result.request_id = seq->id;
+  result.seed = seed;
   live_.emplace(seq->id, seq);
   scheduler_.enqueue(std::move(seq));
   wake_.notify_one();
@@ -171,6 +189,11 @@ EngineStats Engine::stats() const {
     s.kv_pages_total = pool_->num_pages();
     s.kv_pages_free = pool_->free_pages();
   }
+  const ModelInfo& info = model_->info();
+  if (info.num_kv_layers < info.num_layers) {
+    s.state_slots_total = s.lanes;
+    s.state_slots_used = s.running;
+  }
   s.requests_admitted = requests_admitted_.load();
   s.requests_finished = requests_finished_.load();
   s.tokens_prefilled = tokens_prefilled_.load();
@@ -179,7 +202,35 @@ EngineStats Engine::stats() const {
   s.decode_rows = decode_rows_.load();
   s.consecutive_failures = failures_gauge_.load();
   s.healthy = healthy_.load();
+  s.prefilling = prefilling_gauge_.load();
+  s.decode_ready = decode_ready_gauge_.load();
+  s.prompt_tokens = prompt_tokens_.load();
+  s.prompt_tokens_cached = prompt_tokens_cached_.load();
+  s.decode_tokens = decode_tokens_.load();
+  s.decode_rounds = decode_rounds_.load();
+  s.finished_stop = finished_stop_.load();
+  s.finished_length = finished_length_.load();
+  s.finished_cancelled = finished_cancelled_.load();
+  s.finished_error = finished_error_.load();
+  s.queue_timeouts = queue_timeouts_.load();
+  s.submits_refused = submits_refused_.load();
+  s.recoveries_out_of_memory = recoveries_out_of_memory_.load();
+  s.recoveries_failed_step = recoveries_failed_step_.load();
   return s;
+}
+
+void Engine::inject_step_failures(int count, bool out_of_memory) {
+  injected_out_of_memory_ = out_of_memory;
+  injected_failures_ = std::max(count, 0);
+}
+
+void Engine::throw_if_injected() {
+  int left = injected_failures_.load();
+  while (left > 0 && !injected_failures_.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left <= 0) return;
+  if (injected_out_of_memory_) throw InjectedOutOfMemory();
+  throw std::runtime_error("injected failed internal check");
 }
 
 bool Engine::is_eos(int32_t token) const { return contains(options_.eos_ids, token); }
@@ -207,6 +258,7 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
     } else {
       event.timings.prompt_ms = elapsed_ms(seq.admitted, seq.prefilled);
       event.timings.predicted_ms = elapsed_ms(seq.prefilled, std::max(seq.prefilled, seq.last_commit));
+      event.timings.decode_share_ms = seq.decode_share_ms;
     }
   }
   return event;
@@ -217,6 +269,21 @@ void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) cons
   event.finished = true;
   event.finish_reason = reason;
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
+  count_outcome(event);
+}
+
+void Engine::count_outcome(const EngineEvent& event) const {
+  if (event.kind == EventKind::QueueTimeout) {
+    queue_timeouts_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  switch (event.finish_reason) {
+    case FinishReason::Stop: finished_stop_.fetch_add(1, std::memory_order_relaxed); break;
+    case FinishReason::Length: finished_length_.fetch_add(1, std::memory_order_relaxed); break;
+    case FinishReason::Cancelled: finished_cancelled_.fetch_add(1, std::memory_order_relaxed); break;
+    case FinishReason::Error: finished_error_.fetch_add(1, std::memory_order_relaxed); break;
+    case FinishReason::None: break;
+  }
 }
 
 void Engine::retire(Sequence& seq) {
@@ -277,16 +344,27 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   for (Sequence* seq : scheduler_.admit(now)) {
     model_->reset_lane(seq->lane);
     requests_admitted_.fetch_add(1, std::memory_order_relaxed);
+    prompt_tokens_.fetch_add(static_cast<uint64_t>(seq->prompt_len()), std::memory_order_relaxed);
     events.push_back(base_event(*seq, EventKind::Admitted));
   }
   scheduler_.plan(step_);
+  int32_t prefilling = 0, decode_ready = 0;
+  for (const Sequence* seq : scheduler_.resident()) {
+    if (seq->phase == Phase::Prefilling) ++prefilling;
+    if (seq->phase == Phase::Decoding) ++decode_ready;
+  }
+  prefilling_gauge_ = prefilling;
+  decode_ready_gauge_ = decode_ready;
   return true;
 }
 
 void Engine::execute_step(std::vector<EngineEvent>& events) {
   std::string error;
+  bool out_of_memory = false;
   const bool on_device = samples_on_device();
+  const auto started = EngineClock::now();
   try {
+    throw_if_injected();
     if (on_device) {
       plan_device_sampling();
       model_->forward_sampled(step_.batch, sampling_, sampled_ids_.data());
@@ -295,12 +373,14 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     }
   } catch (const std::exception& e) {
     error = e.what();
+    out_of_memory = is_out_of_memory(e);
   }
   std::vector<Sequence*> done;
   steps_.fetch_add(1, std::memory_order_relaxed);
   if (!error.empty()) {
     ++consecutive_failures_;
     failures_gauge_ = consecutive_failures_;
+    (out_of_memory ? recoveries_out_of_memory_ : recoveries_failed_step_).fetch_add(1, std::memory_order_relaxed);
     {
       std::lock_guard lock(mu_);
       failure_ = error;
@@ -308,7 +388,7 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     for (Sequence* seq : step_.rows) {
       EngineEvent event = base_event(*seq, EventKind::Output);
       finish(*seq, event, FinishReason::Error);
-      event.error = "model step failed: " + error;
+      event.error = (out_of_memory ? "model step failed: out of memory: " : "model step failed: ") + error;
       events.push_back(std::move(event));
       done.push_back(seq);
     }
@@ -317,6 +397,11 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     failures_gauge_ = 0;
     decode_rows_.fetch_add(static_cast<uint64_t>(step_.decode_rows), std::memory_order_relaxed);
     tokens_prefilled_.fetch_add(static_cast<uint64_t>(step_.prefill_tokens), std::memory_order_relaxed);
+    if (step_.decode_rows > 0) {
+      decode_rounds_.fetch_add(1, std::memory_order_relaxed);
+      const double share = elapsed_ms(started, EngineClock::now()) / (step_.decode_rows + step_.prefill_tokens);
+      for (int32_t i = 0; i < step_.decode_rows; ++i) step_.rows[static_cast<size_t>(i)]->decode_share_ms += share;
+    }
     commit_step(events, done, on_device);
   }
   if (done.empty()) return;
@@ -399,6 +484,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
                                    suppressed_ids(seq));
       }
       tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
+      if (!seq.output.empty()) decode_tokens_.fetch_add(1, std::memory_order_relaxed);
       commit_token(seq, token, row.event);
     } catch (const std::exception& e) {
       finish(seq, row.event, FinishReason::Error);

@@ -57,6 +57,7 @@ struct SubmitResult {
   std::string message;
   int32_t prompt_tokens = 0;
   int32_t max_context = 0;
+  uint64_t seed = 0;  // the sampler's seed (the request's, or the one drawn for it)
 };
 
 struct EngineStats {
@@ -65,6 +66,9 @@ struct EngineStats {
   int32_t pending = 0;  // requests waiting for one
   int64_t kv_pages_total = 0;
   int64_t kv_pages_free = 0;
+  // Recurrent-state slots (hybrid models: one per lane; none for pure-attention models).
+  int32_t state_slots_total = 0;
+  int32_t state_slots_used = 0;
   uint64_t requests_admitted = 0;
   uint64_t requests_finished = 0;
   uint64_t tokens_prefilled = 0;
@@ -73,6 +77,22 @@ struct EngineStats {
   uint64_t decode_rows = 0;  // sum over steps of decode batch sizes
   int32_t consecutive_failures = 0;
   bool healthy = true;
+  // Published by the worker at each step boundary (atomics: read without taking its lock).
+  int32_t prefilling = 0;    // resident requests still reading their prompt
+  int32_t decode_ready = 0;  // resident requests whose next step is a decode row
+  // Counters since the engine started; readers subtract their own baseline.
+  uint64_t prompt_tokens = 0;         // full prompt of each request, counted at admission
+  uint64_t prompt_tokens_cached = 0;  // prompt tokens reused from a cache instead of prefilled
+  uint64_t decode_tokens = 0;         // sampled tokens after each request's first
+  uint64_t decode_rounds = 0;         // steps with at least one decode row
+  uint64_t finished_stop = 0;         // request outcomes, one per accepted request
+  uint64_t finished_length = 0;
+  uint64_t finished_cancelled = 0;
+  uint64_t finished_error = 0;
+  uint64_t queue_timeouts = 0;
+  uint64_t submits_refused = 0;  // overloaded or unavailable at submit (never accepted)
+  uint64_t recoveries_out_of_memory = 0;  // failed units of work the engine carried on after
+  uint64_t recoveries_failed_step = 0;
 };
 
 class Engine {
@@ -99,6 +119,9 @@ class Engine {
   bool healthy() const { return healthy_.load(); }
   // Fails every request with "the engine is shutting down" and joins the worker. Idempotent.
   void shutdown();
+  // Test hook: the next `count` units of work (model steps) fail before the forward, as an
+  // out-of-memory condition or as a failed internal check, through the real recovery path.
+  void inject_step_failures(int count, bool out_of_memory);
 
   const EngineOptions& options() const { return options_; }
   const ModelInfo& model_info() const { return model_->info(); }
@@ -124,6 +147,8 @@ class Engine {
   bool is_eos(int32_t token) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
   void finish(Sequence& seq, EngineEvent& event, FinishReason reason) const;
+  void count_outcome(const EngineEvent& event) const;
+  void throw_if_injected();
   // Frees the lane and forgets the request; mu_ held. `seq` may be destroyed.
   void retire(Sequence& seq);
   void fail_everything(const std::string& message);
@@ -155,6 +180,13 @@ class Engine {
   std::atomic<uint64_t> requests_admitted_{0}, requests_finished_{0};
   std::atomic<uint64_t> tokens_prefilled_{0}, tokens_decoded_{0}, steps_{0}, decode_rows_{0};
   std::atomic<int32_t> failures_gauge_{0};
+  std::atomic<int32_t> prefilling_gauge_{0}, decode_ready_gauge_{0};
+  std::atomic<uint64_t> prompt_tokens_{0}, prompt_tokens_cached_{0}, decode_tokens_{0}, decode_rounds_{0};
+  mutable std::atomic<uint64_t> finished_stop_{0}, finished_length_{0}, finished_cancelled_{0},
+      finished_error_{0}, queue_timeouts_{0}, submits_refused_{0};
+  std::atomic<uint64_t> recoveries_out_of_memory_{0}, recoveries_failed_step_{0};
+  std::atomic<int> injected_failures_{0};
+  std::atomic<bool> injected_out_of_memory_{false};
 
   std::thread worker_;  // last: starts after everything above is built
 };

@@ -24,6 +24,7 @@ struct RequestTimings {
   double queue_ms = 0;      // submit -> lane
   double prompt_ms = 0;     // lane -> prefill done
   double predicted_ms = 0;  // prefill done -> last commit
+  double decode_share_ms = 0;  // the request's share of its decode rounds (see Sequence)
 };
 
 struct EngineEvent {

@@ -49,6 +49,9 @@ struct Sequence {
   EngineClock::time_point admitted{};
   EngineClock::time_point prefilled{};
   EngineClock::time_point last_commit{};
+  // This request's part of its decode rounds' time: a round's duration is split evenly over
+  // the tokens it computed, so concurrent requests' shares add up to the wall time.
+  double decode_share_ms = 0;
 
   std::atomic<bool> cancel_requested{false};
 };

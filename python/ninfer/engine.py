@@ -77,9 +77,14 @@ def _to_event(core_event: Any) -> EngineEvent:
         stop_reason=core_event.stop_reason,
         prompt_tokens=core_event.prompt_tokens,
         completion_tokens=core_event.completion_tokens,
-        # Only the finished event carries timings; skipping them saves three reads a token.
+        # Only the finished event carries timings; skipping them saves four reads a token.
         timings=(
-            Timings(core_event.queue_ms, core_event.prompt_ms, core_event.predicted_ms)
+            Timings(
+                core_event.queue_ms,
+                core_event.prompt_ms,
+                core_event.predicted_ms,
+                core_event.decode_share_ms,
+            )
             if core_event.finished
             else None
         ),
@@ -101,6 +106,7 @@ class RequestHandle:
         self._finished = False  # the core reported the end (event queued or admission failed)
         self._consumed = False  # the consumer received the finished event
         self._cancel_sent = False
+        self.seed: int | None = None
 
     async def admitted(self) -> None:
         await self._admission.wait()
@@ -309,6 +315,7 @@ class AsyncEngine:
         if status == "unavailable":
             raise EngineUnavailable(result.message)
         handle = RequestHandle(self, result.request_id)
+        handle.seed = result.seed  # the sampler's seed, drawn by the core when none was given
         self._handles[result.request_id] = handle
         return handle
 
@@ -369,11 +376,14 @@ class AsyncEngine:
         if not self._core.healthy:
             if not self._failure_logged:
                 self._failure_logged = True
-                _log.error("engine stopped: %s", sorted(failures)[0])
+                _log.error("engine | engine stopped: %s", sorted(failures)[0])
             return
         for message in sorted(failures):
-            if message.startswith("model step failed") or message.startswith("sampling failed"):
-                _log.warning("worker recovering from a failed request: %s", message)
+            oom = "model step failed: out of memory: "
+            if message.startswith(oom):
+                _log.warning("engine | worker out of memory: %s - recovering", message[len(oom) :])
+            elif message.startswith("model step failed") or message.startswith("sampling failed"):
+                _log.warning("engine | worker recovering from a failed request: %s", message)
 
     def _cancel(self, request_id: int) -> None:
         self._core.cancel(request_id)

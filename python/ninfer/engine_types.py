@@ -36,6 +36,7 @@ class Timings:
     queue_ms: float = 0.0  # waiting for a lane
     prompt_ms: float = 0.0  # prefill
     predicted_ms: float = 0.0  # decode
+    decode_share_ms: float = 0.0  # this request's share of its batched decode rounds
 
 
 @dataclass(slots=True)

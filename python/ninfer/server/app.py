@@ -17,6 +17,9 @@ from ninfer.server.config import AppConfig
 from ninfer.server.errors import ApiError, from_engine_error
 from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
 from ninfer.server.inflight import InflightRequests
+from ninfer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ninfer.server.metrics import ServerMetrics
+from ninfer.server.telemetry import Telemetry
 from ninfer.server.tokenize import detokenize, tokenize, version
 
 log = logging.getLogger("ninfer.server")
@@ -46,6 +49,16 @@ async def _health(app: NInferApp, request: HttpRequest, params: dict[str, str]) 
         await request.send_json(200, {"status": "ok"})
     else:
         await request.send_json(503, {"status": "unavailable"})
+
+
+async def _metrics(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    body = app.metrics.exposition()
+    headers = [
+        (b"content-type", METRICS_CONTENT_TYPE.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await request.start_response(200, headers)
+    await request.send_body(body)
 
 
 async def _list_models(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
@@ -87,6 +100,7 @@ async def _version(app: NInferApp, request: HttpRequest, params: dict[str, str])
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", _health, public=True),
+    Route("GET", "/metrics", _metrics),
     Route("GET", "/v1/models", _list_models),
     Route("GET", "/v1/models/{model_id}", _get_model),
     Route("POST", "/v1/chat/completions", _chat),
@@ -105,12 +119,17 @@ class NInferApp:
         served: ServedModel,
         config: AppConfig,
         on_ready: Callable[[], None] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.served = served
         self.config = config
         self.created = int(time.time())
         self._on_ready = on_ready
-        self.inflight = InflightRequests()
+        self.metrics = ServerMetrics(served.engine, self.identity())
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        if self.telemetry.metrics is None:
+            self.telemetry.metrics = self.metrics
+        self.inflight = InflightRequests(self.telemetry)
         self.ready = False  # set once Granian listens and the lifespan startup ran
 
     def begin_shutdown(self) -> None:
@@ -118,6 +137,16 @@ class NInferApp:
         if not self.inflight.closing:
             log.info("stopping: ending %d request(s) in flight", len(self.inflight))
         self.inflight.shutdown()
+
+    def identity(self) -> dict[str, str]:
+        """Labels of ninfer_model_info: what is served, on what."""
+        info = self.served.engine.model_info
+        return {
+            "model": self.served.public_id,
+            "architecture": str(info.get("architecture") or ""),
+            "weight_format": str(info.get("ftype") or ""),
+            "backend": self.config.backend,
+        }
 
     def model_card(self) -> dict[str, Any]:
         info = dict(self.served.engine.model_info)
@@ -253,6 +282,7 @@ class NInferApp:
             log.warning(
                 "%s %s %s: %s", request.request_id, request.method, request.path, error.message
             )
+        self.telemetry.rejected(request, error)
         if request.response_started:
             return  # a stream reports its own failures; nothing more can be said here
         await request.send_json(error.status, error.body())

@@ -24,6 +24,7 @@ from ninfer.server.generation import (
     fail_stream,
     no_final_event,
     raise_if_failed,
+    report_turn,
     run_generation,
     wait_for_lane,
     wait_for_lane_streaming,
@@ -54,8 +55,13 @@ async def chat_completions(
             return await _stream(request, handle, renderer, lowered, watcher, config, results)
         return await _aggregate(request, handle, renderer, lowered, watcher, results)
 
+    shape = {
+        "stream": lowered.stream,
+        "messages": len(parsed.messages),
+        "tools": len(lowered.tools or ()),
+    }
     final, disconnected = await run_generation(
-        request, served, inflight, lowered.generation, respond
+        request, served, inflight, lowered.generation, respond, shape=shape
     )
     _log_done(request, lowered, results[0] if results else None, final, disconnected, started)
 
@@ -78,6 +84,7 @@ async def _aggregate(
             raise_if_failed(event)
             _, result = turn.finish(event)
             results.append(result)
+            report_turn(handle, result)
             timings = render.llama_timings(
                 result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
             )
@@ -129,6 +136,7 @@ async def _stream(
                     raise_if_failed(event)
                     tail, result = turn.finish(event)
                     results.append(result)
+                    report_turn(handle, result)
                     await _send_delta(sse, renderer, lowered, turn, tail)
                     await _send_stream_end(
                         sse, renderer, lowered, result, config.usage_chunk_choice
@@ -203,10 +211,10 @@ def _log_done(
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     if final is None or result is None or disconnected:
         outcome = "client disconnected" if disconnected else "failed"
-        log.info("%s chat %s after %.0f ms", request.request_id, outcome, elapsed_ms)
+        log.debug("%s chat %s after %.0f ms", request.request_id, outcome, elapsed_ms)
         return
     report = result.report.as_dict() if result.report is not None else None
-    log.info(
+    log.debug(  # the request's info record is the telemetry's req#N line
         "%s chat done: prompt %d, completion %d (reasoning %d), finish %s, tool calls %d, "
         "effort %s, %s, %.0f ms%s",
         request.request_id,

@@ -20,12 +20,18 @@ from ninfer.server.config import AppConfig
 from ninfer.server.embedded import serve
 from ninfer.server.logs import configure_logging
 from ninfer.server.options import parse_args, process_sampling
+from ninfer.server.request_log import RequestLog, RequestLogError
+from ninfer.server.server_start import server_start_record
+from ninfer.server.stats_panel import StatsPanel, panel_wanted
+from ninfer.server.telemetry import Telemetry
+from ninfer.server.throughput import ThroughputReporter
 
 log = logging.getLogger("ninfer.server")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # for server_start, redacted
     configure_logging(args.log_level)
     try:
         return _main(args)
@@ -43,11 +49,12 @@ def _main(args: argparse.Namespace) -> int:
         check_address(args.host, args.port)  # fail before minutes of loading, not after
         template = _read_template(args.chat_template)
         artifact = resolve_model(args.model)
-    except (ModelSourceError, OSError) as exc:
+        request_log = _open_request_log(args, artifact)
+    except (ModelSourceError, RequestLogError, OSError) as exc:
         log.error("%s", exc)
         return 1
     try:
-        reached_ready = asyncio.run(_run(args, artifact, template))
+        reached_ready = asyncio.run(_run(args, artifact, template, request_log))
     except (ModelSetupError, ModelSourceError, OSError) as exc:
         log.error("%s", exc)
         return 1
@@ -74,6 +81,17 @@ def check_address(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def _open_request_log(args: argparse.Namespace, artifact: Path) -> RequestLog | None:
+    if args.request_log_jsonl is None:
+        return None
+    return RequestLog(
+        args.request_log_jsonl,
+        artifact=artifact,
+        max_mib=args.request_log_max_mib,
+        keep=args.request_log_keep,
+    )
 
 
 def _read_template(path: str | None) -> str | None:
@@ -121,7 +139,9 @@ def _cuda_available() -> bool:
     return bool(probe and probe() > 0)
 
 
-async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -> bool:
+async def _run(
+    args: argparse.Namespace, artifact: Path, template: str | None, request_log: RequestLog | None
+) -> bool:
     """Load, warm up and serve until stopped; False when stopped before it was ready."""
     from ninfer.engine import AsyncEngine
 
@@ -151,6 +171,9 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
             tolerant_tool_calls=args.tolerant_tool_calls,
         )
         await engine.warmup()
+        telemetry = Telemetry(request_log=request_log)
+        if request_log is not None:
+            request_log.start(server_start_record(telemetry, args, artifact, served, config))
         app = NInferApp(
             served,
             AppConfig(
@@ -158,23 +181,65 @@ async def _run(args: argparse.Namespace, artifact: Path, template: str | None) -
                 cors=args.cors,
                 max_request_mib=args.max_request_mib,
                 usage_chunk_choice=args.usage_chunk_choice,
+                backend=config.device,
             ),
-            on_ready=lambda: _log_ready(served, config, args),
+            on_ready=lambda: _on_ready(served, config, args, reporter, panel),
+            telemetry=telemetry,
         )
-        signals = await serve(
-            app,
-            args.host,
-            args.port,
-            on_stop=app.begin_shutdown,
-            is_ready=lambda: app.ready,
-            debug=args.log_level in ("trace", "debug"),
-        )
+        reporter = ThroughputReporter(engine, telemetry, args.log_stats_interval_ms)
+        panel = _make_panel(args, telemetry, engine)
+        try:
+            signals = await serve(
+                app,
+                args.host,
+                args.port,
+                on_stop=app.begin_shutdown,
+                is_ready=lambda: app.ready,
+                debug=args.log_level in ("trace", "debug"),
+                prompt=panel.set_prompt if panel is not None else None,
+            )
+        except BaseException:
+            if panel is not None:
+                panel.stop()
+            raise
+        finally:
+            reporter.stop()
     finally:
         await engine.close()
     signals.remove()
     if not signals.stopped_before_ready:
         log.info("server stopped")
+    if panel is not None:
+        panel.stop()  # left on screen as ordinary output, beneath the last record
+    if request_log is not None:
+        request_log.close()
     return not signals.stopped_before_ready
+
+
+def _make_panel(args: argparse.Namespace, telemetry: Telemetry, engine: Any) -> StatsPanel | None:
+    if not panel_wanted(args.log_stats_panel, args.log_level):
+        return None
+    panel = StatsPanel(
+        telemetry.session,
+        engine,
+        colours=args.log_colours == "on",
+        show_gauges=args.log_stats_interval_ms > 0,
+    )
+    telemetry.on_change.append(panel.refresh)
+    return panel
+
+
+def _on_ready(
+    served: ServedModel,
+    config: EngineConfig,
+    args: argparse.Namespace,
+    reporter: ThroughputReporter,
+    panel: StatsPanel | None,
+) -> None:
+    _log_ready(served, config, args)
+    reporter.start()
+    if panel is not None:
+        panel.start()
 
 
 def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespace) -> None:

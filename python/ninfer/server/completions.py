@@ -55,10 +55,10 @@ async def completions(
         return await _aggregate(request, handle, renderer, lowered, watcher)
 
     final, disconnected = await run_generation(
-        request, served, inflight, lowered.generation, respond
+        request, served, inflight, lowered.generation, respond, shape={"stream": lowered.stream}
     )
     if final is not None and not disconnected:
-        log.info(
+        log.debug(  # the request's info record is the telemetry's req#N line
             "%s completion done: prompt %d, completion %d, finish %s",
             request.request_id,
             lowered.prompt_tokens,

@@ -14,6 +14,7 @@ class AppConfig:
     max_request_mib: int = 384
     keep_alive_s: float = KEEP_ALIVE_SECONDS  # SSE comment after this much silence
     usage_chunk_choice: bool = False  # a zero-delta choice on the streamed usage chunk
+    backend: str = ""  # the engine's device, for ninfer_model_info
 
     @property
     def max_request_bytes(self) -> int:

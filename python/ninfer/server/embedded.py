@@ -79,6 +79,7 @@ async def serve(
     on_stop: Callable[[], None],
     is_ready: Callable[[], bool],
     debug: bool = False,
+    prompt: Callable[[str | None], None] | None = None,
 ) -> StopSignals:
     """Serve until a signal stops it (stopping.py); `on_stop` runs first, so open streams end
     promptly. The signal handlers stay installed, so that one more Ctrl+C while the caller
@@ -89,7 +90,7 @@ async def serve(
         on_stop()
         server.stop()
 
-    signals = StopSignals(asyncio.get_running_loop(), stop, is_ready)
+    signals = StopSignals(asyncio.get_running_loop(), stop, is_ready, prompt=prompt)
     signals.install()
     try:
         await server.serve()

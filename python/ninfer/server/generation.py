@@ -19,6 +19,7 @@ from ninfer.server.errors import ApiError, from_engine_error
 from ninfer.server.http import HttpRequest
 from ninfer.server.inflight import InflightRequests, shutting_down
 from ninfer.server.sse import SseStream, await_with_heartbeat
+from ninfer.server.telemetry import ObservedHandle
 
 log = logging.getLogger("ninfer.server")
 
@@ -31,26 +32,52 @@ async def run_generation(
     inflight: InflightRequests,
     generation: GenerationRequest,
     respond: Respond,
+    *,
+    shape: dict[str, Any] | None = None,
 ) -> tuple[EngineEvent | None, bool]:
     """Submit, then `respond(handle, watcher)`, which waits for the lane itself (through
     `wait_for_lane` or `wait_for_lane_streaming`); returns its final event and whether the
-    client disconnected."""
+    client disconnected. The request is reported to the server's telemetry (console record,
+    request log, metrics) once it ends; `shape` adds protocol facts (stream, tool count) to
+    its start record."""
+    telemetry = inflight.telemetry
     watcher = DisconnectWatcher(request.receive)
     try:
+        request.generation_phase = "submit"  # a refusal from here on is the engine's
         try:
             handle = served.engine.submit(generation)
         except ValueError as exc:  # the engine's verdict on this request's parameters
             raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
+        if telemetry is not None:
+            seed = getattr(handle, "seed", None)
+            if seed is None:  # the engine did not say: the request's own, if any
+                seed = generation.sampling.seed
+            record = telemetry.start(request, generation, shape, seed)
+            handle = ObservedHandle(handle, record, telemetry)
         watcher.on_disconnect(handle.cancel)
-        inflight.add(handle)
+        final: EngineEvent | None = None
         try:
+            inflight.add(handle)
             final = await respond(handle, watcher)
         finally:
             inflight.discard(handle)
             handle.cancel()  # idempotent; frees the lane on every early exit
+            if isinstance(handle, ObservedHandle):
+                telemetry.settle(
+                    handle.record,
+                    disconnected=watcher.disconnected.is_set(),
+                    response_failed=final is None,
+                    stopping=inflight.closing,
+                )
     finally:
         watcher.stop()
     return final, watcher.disconnected.is_set()
+
+
+def report_turn(handle: Any, turn: Any) -> None:
+    """A protocol's decoded turn, for the request's done record (tool-call diagnostics)."""
+    if isinstance(handle, ObservedHandle):
+        handle.record.turn = turn
 
 
 async def wait_for_lane(handle: Any, watcher: DisconnectWatcher) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,6 +39,7 @@ class HttpRequest:
         }
         self.response_started = False
         self.status: int | None = None
+        self.received = time.perf_counter()  # arrival, for preparation and TTFT timings
 
     async def read_body(self, limit_bytes: int) -> bytes:
         """The whole body, refused with 413 once it exceeds the limit (before any parsing)."""

@@ -13,9 +13,12 @@ from ninfer.server.errors import ApiError
 
 
 class InflightRequests:
-    def __init__(self) -> None:
+    def __init__(self, telemetry: Any = None) -> None:
         self._handles: set[Any] = set()
         self.closing = False
+        # Every generation passes through this registry, so it also carries the server's
+        # request telemetry (server/telemetry.py) to run_generation.
+        self.telemetry = telemetry
 
     def add(self, handle: Any) -> None:
         if self.closing:

@@ -20,16 +20,10 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--no-prefill-8bit-pv", False, "quantized-KV prompt kernels"),
     ("--use-original-nvfp4-prefill-kernel", False, "NVFP4 KV"),
     ("--prefill-split-workspace-mib", True, "split-KV prompt attention"),
-    ("--log-stats-interval-ms", True, "throughput statistics"),
-    ("--log-stats-panel", True, "the statistics panel"),
-    ("--log-colours", True, "the statistics panel"),
     ("--context-cost-presets", True, "context-cost presets"),
     ("--media-cache-mib", True, "media input"),
     ("--media-live-mib", True, "media input"),
     ("--media-preprocess-threads", True, "media input"),
-    ("--request-log-jsonl", True, "the structured request log"),
-    ("--request-log-max-mib", True, "the structured request log"),
-    ("--request-log-keep", True, "the structured request log"),
     ("--response-store-max-records", True, "the Responses API"),
     ("--response-store-max-mib", True, "the Responses API"),
     ("--kv-dtype", True, "quantized KV caches"),
@@ -275,6 +269,47 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         help="stderr verbosity: " + "|".join(LOG_LEVELS) + " (default: info)",
     )
+    logging_group.add_argument(
+        "--log-stats-interval-ms",
+        type=_int_range(0),
+        default=5000,
+        metavar="N",
+        help="aggregate throughput record every N ms, idle intervals omitted; 0 disables it "
+        "(default: 5000)",
+    )
+    logging_group.add_argument(
+        "--log-stats-panel",
+        choices=("on", "off"),
+        default="on",
+        help="pin the session statistics panel beneath the records on an interactive "
+        "terminal (default: on)",
+    )
+    logging_group.add_argument(
+        "--log-colours",
+        choices=("on", "off"),
+        default="off",
+        help="colour the console statistics lines; never applies to redirected output "
+        "(default: off)",
+    )
+    logging_group.add_argument(
+        "--request-log-jsonl",
+        metavar="FILE",
+        help="append machine-readable server and request records, one JSON object per line "
+        "(default: disabled)",
+    )
+    logging_group.add_argument(
+        "--request-log-max-mib",
+        type=_int_range(1),
+        metavar="N",
+        help="rotate the request log once it reaches N MiB; requires --request-log-jsonl "
+        "(default: one file without a size limit)",
+    )
+    logging_group.add_argument(
+        "--request-log-keep",
+        type=_int_range(0, 1000),
+        metavar="N",
+        help="rotated request-log files kept, 0..1000; requires --request-log-max-mib (default: 4)",
+    )
     later = parser.add_argument_group("not available in this build (refused if given)")
     for flag, takes_value, feature in UNAVAILABLE_OPTIONS:
         later.add_argument(
@@ -289,7 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.request_log_max_mib is not None and args.request_log_jsonl is None:
+        parser.error("--request-log-max-mib requires --request-log-jsonl")
+    if args.request_log_keep is not None and args.request_log_max_mib is None:
+        parser.error("--request-log-keep requires --request-log-max-mib")
+    if args.request_log_keep is None:
+        args.request_log_keep = 4
+    return args
 
 
 def process_sampling(args: argparse.Namespace) -> dict[str, float | int]:

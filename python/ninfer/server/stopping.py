@@ -38,6 +38,7 @@ class StopSignals:
         window_s: float = CONFIRM_WINDOW_S,
         console: TextIO | None = None,
         exit_now: Callable[[int], None] = os._exit,
+        prompt: Callable[[str | None], None] | None = None,
     ) -> None:
         self._loop = loop
         self._stop = stop
@@ -45,6 +46,7 @@ class StopSignals:
         self._window_s = window_s
         self._console = console if console is not None else sys.stderr
         self._exit_now = exit_now
+        self._prompt = prompt  # shows/clears the bottom line itself (the statistics panel)
         self._confirm_deadline: asyncio.TimerHandle | None = None
         self._installed: list[int] = []
         self._prompt_shown = False
@@ -109,7 +111,10 @@ class StopSignals:
         return bool(isatty and isatty())
 
     def _show_prompt(self) -> None:
-        if self._interactive():
+        if self._prompt is not None:
+            self._prompt(confirm_prompt(self._window_s))
+            self._prompt_shown = True
+        elif self._interactive():
             # The console's bottom line: overwrite the echoed ^C, no newline, erased later.
             self._console.write("\r\x1b[K" + confirm_prompt(self._window_s))
             self._console.flush()
@@ -120,5 +125,8 @@ class StopSignals:
     def _hide_prompt(self) -> None:
         if self._prompt_shown:
             self._prompt_shown = False
+            if self._prompt is not None:
+                self._prompt(None)
+                return
             self._console.write("\r\x1b[K")
             self._console.flush()

@@ -1,0 +1,181 @@
+"""GET /metrics: the engine's published counters and the request histograms, in Prometheus text.
+
+The counters and gauges live in the native engine (atomics the worker publishes); a scrape
+copies one snapshot of them (`engine.stats()`) and formats it here, so scraping never waits
+for a step, touches the device or resets anything. Latency histograms are observed from the
+event stream by the request telemetry, where the HTTP-side timestamps are. Every family has
+bounded labels: no request ids, no text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# `_created` series are an OpenMetrics notion; in the 0.0.4 text format they would only be
+# extra gauges per histogram. (A process-wide switch: this server is the only exporter.)
+disable_created_metrics()
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# engine.stats() key -> (metric name, help). Counters count from the moment this server's
+# metrics were created (after warm-up), so the snapshot at creation is subtracted.
+_TOKEN_COUNTERS = (
+    ("prompt_tokens", "ninfer_prompt_tokens", "Prompt tokens of admitted requests"),
+    (
+        "prompt_tokens_cached",
+        "ninfer_prompt_tokens_cached",
+        "Prompt tokens reused from a cache instead of prefilled",
+    ),
+    ("tokens_prefilled", "ninfer_prefill_tokens", "Prompt tokens computed by prefill"),
+    (
+        "tokens_decoded",
+        "ninfer_generation_tokens",
+        "Committed output tokens, each request's first included",
+    ),
+    ("decode_tokens", "ninfer_decode_tokens", "Committed output tokens after each request's first"),
+)
+
+# requests_total outcome -> the engine counters it sums.
+REQUEST_OUTCOMES: dict[str, tuple[str, ...]] = {
+    "completed": ("finished_stop", "finished_length"),
+    "cancelled": ("finished_cancelled",),
+    "failed": ("finished_error",),
+    "queue_timeout": ("queue_timeouts",),
+    "rejected": ("submits_refused",),
+}
+
+_GAUGES = (
+    ("running", "ninfer_requests_running", "Requests holding an execution lane"),
+    ("pending", "ninfer_requests_waiting", "Requests waiting for a lane"),
+    ("prefilling", "ninfer_requests_prefilling", "Resident requests still reading their prompt"),
+    ("decode_ready", "ninfer_requests_decode_ready", "Resident requests ready for a decode round"),
+)
+
+
+class RequestHistograms:
+    """Latency histograms of settled generations, in one registry per server."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.time_to_first_token = Histogram(
+            "ninfer_time_to_first_token_seconds",
+            "Request receipt to the first committed token (preparation, queueing, prefill)",
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "ninfer_request_duration_seconds",
+            "Request receipt to its settled outcome (completed or cancelled)",
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.request_queue = Histogram(
+            "ninfer_request_queue_seconds",
+            "Time a settled request waited for an execution lane",
+            buckets=QUEUE_BUCKETS,
+            registry=registry,
+        )
+
+
+class _EngineCollector:
+    """Formats one engine snapshot per scrape."""
+
+    def __init__(self, engine: Any, identity: Mapping[str, str], metrics: ServerMetrics) -> None:
+        self._engine = engine
+        self._identity = dict(identity)
+        self._metrics = metrics
+        self._baseline = _snapshot(engine)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = _snapshot(self._engine)
+        info = GaugeMetricFamily(
+            "ninfer_model_info", "Model and backend identity", labels=list(self._identity)
+        )
+        info.add_metric(list(self._identity.values()), 1)
+        yield info
+        yield _gauge("ninfer_max_concurrency", "Execution lanes", stats.get("lanes", 0))
+        yield _gauge(
+            "ninfer_max_context_tokens",
+            "Context ceiling of each sequence",
+            getattr(self._engine, "max_context", 0),
+        )
+        for key, name, text in _GAUGES:
+            yield _gauge(name, text, stats.get(key, 0))
+        for key, name, text in _TOKEN_COUNTERS:
+            yield _counter(name, text, self._since_start(stats, key))
+        requests = CounterMetricFamily(
+            "ninfer_requests",
+            "Generation attempts that reached the engine, by outcome",
+            labels=["outcome"],
+        )
+        for outcome, keys in REQUEST_OUTCOMES.items():
+            requests.add_metric([outcome], sum(self._since_start(stats, key) for key in keys))
+        yield requests
+        yield _counter(
+            "ninfer_response_failures",
+            "Responses that failed after their generation was accepted",
+            self._metrics.response_failures,
+        )
+        total = int(stats.get("kv_pages_total", 0))
+        yield _gauge("ninfer_device_kv_capacity_pages", "Main KV pool pages", total)
+        yield _gauge(
+            "ninfer_device_kv_used_pages",
+            "Main KV pool pages in use",
+            total - int(stats.get("kv_pages_free", total)),
+        )
+        yield _gauge(
+            "ninfer_device_state_capacity_slots",
+            "Recurrent-state slots (hybrid models; 0 for pure attention)",
+            stats.get("state_slots_total", 0),
+        )
+        yield _gauge(
+            "ninfer_device_state_used_slots",
+            "Recurrent-state slots holding a request",
+            stats.get("state_slots_used", 0),
+        )
+        yield _gauge(
+            "ninfer_engine_ready",
+            "1 while the engine accepts work, 0 after an engine-wide failure",
+            1 if _healthy(self._engine) else 0,
+        )
+
+    def _since_start(self, stats: Mapping[str, Any], key: str) -> int:
+        return max(0, int(stats.get(key, 0)) - int(self._baseline.get(key, 0)))
+
+
+class ServerMetrics:
+    """The registry behind GET /metrics for one server (tests run several in one process)."""
+
+    def __init__(self, engine: Any, identity: Mapping[str, str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.histograms = RequestHistograms(self.registry)
+        self.response_failures = 0
+        self.registry.register(_EngineCollector(engine, identity, self))  # type: ignore[arg-type]
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _snapshot(engine: Any) -> Mapping[str, Any]:
+    stats = getattr(engine, "stats", None)
+    return stats() if callable(stats) else {}
+
+
+def _healthy(engine: Any) -> bool:
+    return bool(getattr(engine, "healthy", True))
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, text, value=value)

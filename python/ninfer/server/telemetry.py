@@ -1,0 +1,393 @@
+"""What happens to every generation request, reported once: console record, JSONL, histograms.
+
+`run_generation` (server/generation.py) is the one place every protocol submits through; it
+opens a `RequestRecord` after the engine accepted the request, hands the protocol an
+`ObservedHandle` (the engine handle, watched: admission, first token, final event) and
+settles the record when the protocol's answer is over. A synchronous rejection (validation,
+a full queue) is reported from the app's error boundary. So a new route is logged and
+counted by calling `run_generation`, without code of its own; it may add its turn's
+diagnostics with `generation.report_turn`.
+
+Exactly one terminal JSONL record follows each `request_start`: `request_done` for a
+completed generation, `request_error` for a cancellation, failure or queue timeout.
+Console records never carry prompts, bodies, keys or client-supplied text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ninfer.engine_types import EngineEvent, GenerationRequest, QueueTimeout
+from ninfer.server import console_units as units
+from ninfer.server.errors import ApiError
+from ninfer.server.metrics import ServerMetrics
+from ninfer.server.request_log import SCHEMA, SCHEMA_VERSION, RequestLog
+from ninfer.server.session_stats import RequestSample, SessionStats
+
+log = logging.getLogger("ninfer.server")
+
+# Paths whose synchronous rejections are generation attempts (token counting is not).
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
+)
+
+
+def protocol_of(path: str) -> str:
+    """The route's name, e.g. `chat/completions` (bounded: one per route)."""
+    if path.startswith("/v1/v1/"):
+        path = path[3:]
+    return path.removeprefix("/v1/").strip("/")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    number: int  # req#N: monotonic within this server instance
+    http_request_id: str
+    protocol: str
+    prompt_tokens: int
+    received: float  # perf_counter at the request's arrival
+    submitted: float
+    admitted: float | None = None
+    first_token: float | None = None
+    final: EngineEvent | None = None
+    admission_error: Exception | None = None
+    generated_token_ids: list[int] = field(default_factory=list)
+    turn: Any = None  # the protocol's TurnResult, when it reported one
+
+
+class ObservedHandle:
+    """An engine RequestHandle with the same contract, whose progress the record follows."""
+
+    def __init__(self, handle: Any, record: RequestRecord, telemetry: Telemetry) -> None:
+        self._handle = handle
+        self.record = record
+        self._telemetry = telemetry
+        self._events: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    async def admitted(self) -> None:
+        try:
+            await self._handle.admitted()
+        except Exception as exc:
+            self.record.admission_error = exc
+            raise
+        if self.record.admitted is None:
+            self.record.admitted = time.perf_counter()
+
+    def __aiter__(self) -> ObservedHandle:
+        if self._events is None:
+            self._events = self._handle.__aiter__()
+        return self
+
+    async def __anext__(self) -> EngineEvent:
+        if self._events is None:
+            self._events = self._handle.__aiter__()
+        try:
+            event = await self._events.__anext__()
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            if self.record.admitted is None:
+                self.record.admission_error = exc
+            raise
+        record = self.record
+        if record.admitted is None:
+            record.admitted = time.perf_counter()
+        if event.token_ids:
+            record.generated_token_ids += event.token_ids
+            if record.first_token is None:
+                record.first_token = time.perf_counter()
+                self._telemetry.first_token(record)
+        if event.finished:
+            record.final = event
+        return event
+
+
+class Telemetry:
+    def __init__(
+        self,
+        metrics: ServerMetrics | None = None,
+        request_log: RequestLog | None = None,
+        *,
+        server_instance_id: str | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.request_log = request_log
+        self.server_instance_id = server_instance_id or uuid.uuid4().hex
+        self.session = SessionStats()
+        self._numbers = itertools.count(1)
+        self.on_change: list[Any] = []  # callbacks after each settled request (the panel)
+
+    # --- records -------------------------------------------------------------------------
+
+    def base(self, event: str) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "event": event,
+            "timestamp_unix_ms": int(time.time() * 1000),
+            "server_instance_id": self.server_instance_id,
+        }
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.request_log is not None:
+            self.request_log.write(record)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(
+        self,
+        request: Any,
+        generation: GenerationRequest,
+        shape: dict[str, Any] | None,
+        seed: int | None = None,
+    ) -> RequestRecord:
+        now = time.perf_counter()
+        record = RequestRecord(
+            number=next(self._numbers),
+            http_request_id=request.request_id,
+            protocol=protocol_of(request.path),
+            prompt_tokens=len(generation.prompt_ids),
+            received=getattr(request, "received", now),
+            submitted=now,
+        )
+        request.generation_number = record.number
+        if self.request_log is not None:
+            start = self.base("request_start")
+            start.update(
+                request_id=record.number,
+                http_request_id=record.http_request_id,
+                protocol=record.protocol,
+                prompt_tokens=record.prompt_tokens,
+                max_tokens=generation.max_tokens,
+                min_tokens=generation.min_tokens,
+                sampling=asdict(generation.sampling) | {"seed": seed},
+                ignore_eos=generation.ignore_eos,
+                stop_token_ids=list(generation.stop_token_ids),
+                stop_string_count=len(generation.stop_strings),
+                shape=dict(shape or {}),
+            )
+            self.write(start)
+        log.debug(
+            "req#%d start: %s, prompt %d",
+            record.number,
+            record.protocol,
+            len(generation.prompt_ids),
+        )
+        return record
+
+    def first_token(self, record: RequestRecord) -> None:
+        if self.metrics is not None and record.first_token is not None:
+            self.metrics.histograms.time_to_first_token.observe(
+                record.first_token - record.received
+            )
+
+    def rejected(self, request: Any, error: ApiError) -> None:
+        """A generation request answered with an error before it reached a lane's queue."""
+        if getattr(request, "generation_number", None) is not None:
+            return  # it started: its terminal record is request_error
+        if request.method != "POST" or _route_path(request.path) not in GENERATION_PATHS:
+            return
+        if error.status == 401:
+            return  # not a request of this server's users: nothing was prepared
+        self.session.rejected += 1
+        self._changed()
+        if self.request_log is None:
+            return
+        record = self.base("request_rejected")
+        record.update(
+            http_request_id=request.request_id,
+            protocol=protocol_of(request.path),
+            phase=getattr(request, "generation_phase", "prepare"),
+            status=error.status,
+            type=error.type,
+            code=error.code,
+            param=error.param,
+            message=error.message,
+        )
+        self.write(record)
+
+    def settle(
+        self,
+        record: RequestRecord,
+        *,
+        disconnected: bool,
+        response_failed: bool,
+        stopping: bool,
+    ) -> None:
+        """Once per started generation, after the protocol's answer ended."""
+        now = time.perf_counter()
+        final = record.final
+        reason = final.finish_reason if final is not None else None
+        if reason in ("stop", "length") and not response_failed:
+            self._done(record, final, now)
+        elif reason in ("stop", "length"):  # generated, but the answer itself failed
+            if self.metrics is not None:
+                self.metrics.response_failures += 1
+            self._error(record, now, "response_failed", "the response could not be completed")
+        elif reason == "cancelled" or (
+            final is None and _cancelled(record, disconnected, stopping)
+        ):
+            why = "client disconnected" if disconnected else "server stopping" if stopping else None
+            self._error(record, now, "cancelled", why or "cancelled")
+        elif final is None and isinstance(record.admission_error, QueueTimeout):
+            self._error(record, now, "queue_timeout", str(record.admission_error))
+        else:
+            message = (final.error if final is not None else None) or "the generation failed"
+            self._error(record, now, "failed", message)
+        self._changed()
+
+    # --- terminal records ----------------------------------------------------------------
+
+    def _done(self, record: RequestRecord, final: EngineEvent, now: float) -> None:
+        timings = final.timings
+        prefill_s = timings.prompt_ms / 1000.0 if timings else 0.0
+        decode_s = timings.predicted_ms / 1000.0 if timings else 0.0
+        share_s = timings.decode_share_ms / 1000.0 if timings else 0.0
+        queue_s = timings.queue_ms / 1000.0 if timings else 0.0
+        ttft_s = (record.first_token - record.received) if record.first_token else None
+        total_s = now - record.received
+        completion = final.completion_tokens
+        cached = 0  # no prefix cache in this build: every prompt token is computed
+        prompt = final.prompt_tokens or record.prompt_tokens
+        if self.metrics is not None:
+            self.metrics.histograms.request_duration.observe(total_s)
+            self.metrics.histograms.request_queue.observe(queue_s)
+        self.session.add_completed(
+            RequestSample(
+                ttft_s=ttft_s or 0.0,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                prefill_s=prefill_s,
+                decode_tokens=max(completion - 1, 0),
+                decode_share_s=share_s,
+                decode_wall_s=decode_s,
+            )
+        )
+        decode_rate = (completion - 1) / decode_s if decode_s > 0 and completion > 1 else None
+        log.info(
+            "req#%d done: %s, prompt %d (cached %d), completion %d, TTFT %s, decode %s, "
+            "finish %s, %s",
+            record.number,
+            record.protocol,
+            prompt,
+            cached,
+            completion,
+            units.duration(ttft_s),
+            units.rate(decode_rate),
+            final.finish_reason,
+            units.duration(total_s),
+        )
+        if self.request_log is None:
+            return
+        turn = record.turn
+        report = getattr(turn, "report", None)
+        usage = getattr(turn, "usage", None)
+        out = self.base("request_done")
+        out.update(
+            request_id=record.number,
+            http_request_id=record.http_request_id,
+            protocol=record.protocol,
+            finish_reason=final.finish_reason,
+            response_finish_reason=getattr(turn, "finish_reason", None),
+            stop_kind=_stop_kind(final),
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            prefill_tokens=prompt - cached,
+            completion_tokens=completion,
+            reasoning_tokens=getattr(usage, "reasoning_tokens", None),
+            prefix_reuse="none",
+            tool_call_parse=report.as_dict() if report is not None else None,
+            timings_seconds={
+                "prepare": record.submitted - record.received,
+                "queue": queue_s,
+                "ttft": ttft_s,
+                "prefill": prefill_s,
+                "decode": decode_s,
+                "decode_share": share_s,
+                "total": total_s,
+            },
+            generated_token_ids=list(record.generated_token_ids),
+        )
+        self.write(out)
+
+    def _error(self, record: RequestRecord, now: float, kind: str, message: str) -> None:
+        total_s = now - record.received
+        final = record.final
+        if kind == "cancelled":
+            self.session.cancelled += 1
+            if self.metrics is not None:  # a settled outcome, unlike failures
+                self.metrics.histograms.request_duration.observe(total_s)
+                if final is not None and final.timings is not None:
+                    self.metrics.histograms.request_queue.observe(final.timings.queue_ms / 1000.0)
+            log.info(
+                "req#%d cancelled: %s, %s after %s, completion %d",
+                record.number,
+                record.protocol,
+                message,
+                units.duration(total_s),
+                len(record.generated_token_ids),
+            )
+        elif kind == "queue_timeout":
+            self.session.rejected += 1
+            log.warning(
+                "req#%d queue timeout: %s after %s",
+                record.number,
+                record.protocol,
+                units.duration(total_s),
+            )
+        else:
+            self.session.failed += 1
+            log.warning("req#%d failed: %s: %s", record.number, record.protocol, message)
+        if self.request_log is None:
+            return
+        out = self.base("request_error")
+        out.update(
+            request_id=record.number,
+            http_request_id=record.http_request_id,
+            protocol=record.protocol,
+            error={"kind": kind, "message": message},
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=len(record.generated_token_ids),
+            timings_seconds={
+                "prepare": record.submitted - record.received,
+                "ttft": (record.first_token - record.received) if record.first_token else None,
+                "total": total_s,
+            },
+            generated_token_ids=list(record.generated_token_ids),
+        )
+        self.write(out)
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            callback()
+
+
+def _route_path(path: str) -> str:
+    return path[3:] if path.startswith("/v1/v1/") else path
+
+
+def _cancelled(record: RequestRecord, disconnected: bool, stopping: bool) -> bool:
+    """Ended without a final event because it was cancelled while it waited for a lane."""
+    error = record.admission_error
+    if isinstance(error, QueueTimeout):
+        return False
+    return disconnected or stopping or (error is not None and "cancelled" in str(error))
+
+
+def _stop_kind(final: EngineEvent) -> str | None:
+    if final.finish_reason != "stop":
+        return None
+    if isinstance(final.stop_reason, str):
+        return "stop_string"
+    return "token"

@@ -1,0 +1,95 @@
+"""The fixed-interval throughput record (--log-stats-interval-ms): console and request log.
+
+Each record covers one interval: deltas of the engine's token and round counters plus its
+current gauges. An interval in which the engine did nothing and held nothing is omitted, so
+an idle server stays quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer.server import console_units as units
+from ninfer.server.telemetry import Telemetry
+
+log = logging.getLogger("ninfer.server")
+
+_DELTAS = (
+    "prompt_tokens",
+    "prompt_tokens_cached",
+    "tokens_prefilled",
+    "tokens_decoded",
+    "decode_tokens",
+    "decode_rounds",
+    "decode_rows",
+    "steps",
+    "requests_admitted",
+    "requests_finished",
+)
+
+
+class ThroughputReporter:
+    def __init__(self, engine: Any, telemetry: Telemetry, interval_ms: int) -> None:
+        self._engine = engine
+        self._telemetry = telemetry
+        self.interval_s = interval_ms / 1000.0
+        self._last = dict(engine.stats())
+        self._last_at = time.perf_counter()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.interval_s > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.report()
+            except Exception:  # a report must never end the server
+                log.exception("throughput report failed")
+
+    def report(self) -> dict[str, Any] | None:
+        """One interval's record (logged and written), or None for an idle interval."""
+        now = time.perf_counter()
+        stats = dict(self._engine.stats())
+        deltas = {key: int(stats.get(key, 0)) - int(self._last.get(key, 0)) for key in _DELTAS}
+        seconds = now - self._last_at
+        self._last, self._last_at = stats, now
+        running, waiting = int(stats.get("running", 0)), int(stats.get("pending", 0))
+        worked = deltas["tokens_prefilled"] or deltas["tokens_decoded"]
+        if not worked and not running and not waiting:
+            return None
+        record = self._telemetry.base("throughput")
+        record.update(
+            interval_seconds=seconds,
+            deltas=deltas,
+            gauges=_gauges(stats),
+        )
+        self._telemetry.write(record)
+        batch = deltas["decode_rows"] / deltas["decode_rounds"] if deltas["decode_rounds"] else 0
+        log.info(
+            "throughput: prefill %s, decode %s, batch %.2f, %d running, %d waiting, KV %d/%d pages",
+            units.rate(deltas["tokens_prefilled"] / seconds if seconds > 0 else None),
+            units.rate(deltas["tokens_decoded"] / seconds if seconds > 0 else None),
+            batch,
+            running,
+            waiting,
+            int(stats.get("kv_pages_total", 0)) - int(stats.get("kv_pages_free", 0)),
+            int(stats.get("kv_pages_total", 0)),
+        )
+        return record
+
+
+def _gauges(stats: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("running", "pending", "prefilling", "decode_ready", "kv_pages_total", "kv_pages_free")
+    return {key: stats[key] for key in keys if key in stats}
