@@ -114,11 +114,11 @@ _RESPONSES_TEXT_EVENTS = frozenset(
     {
         "response.output_text.delta",
         "response.reasoning_text.delta",
-        "response.reasoning_summary_text.delta",
         "response.function_call_arguments.delta",
         "response.custom_tool_call_input.delta",
     }
 )
+# (A reasoning summary's deltas are a placeholder, not generated tokens: not counted.)
 # A stream ends with exactly one of these; `incomplete` is the normal end at the budget.
 _RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
 
