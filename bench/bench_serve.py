@@ -465,6 +465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _check(args, parser)
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     endpoint = ENDPOINTS[args.endpoint]
+    if args.ignore_eos and not endpoint.ignore_eos:
+        print(
+            f"note: {args.endpoint} has no ignore_eos field, so outputs may end before "
+            f"--random-output-len (pass a server's own field with --extra-body)",
+            file=sys.stderr,
+        )
     with httpx.Client(base_url=base_url, timeout=60) as client:
         models = wait_until_ready(client, args.ready_check_timeout_sec)
         model = args.model or models["data"][0]["id"]

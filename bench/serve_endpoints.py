@@ -38,14 +38,17 @@ class Endpoint:
     body: Callable[[str, GenerationOptions], dict[str, Any]]
     parse: Callable[[dict[str, Any]], StreamUpdate]
     headers: tuple[tuple[str, str], ...] = ()
+    # Whether the format has the vLLM / llama.cpp `ignore_eos` extension. Responses and
+    # Messages servers refuse (or ignore) fields outside their contract, so it is not sent.
+    ignore_eos: bool = True
 
 
-def _common(options: GenerationOptions) -> dict[str, Any]:
+def _common(options: GenerationOptions, *, ignore_eos: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"model": options.model, "stream": True}
     if options.temperature is not None:
         out["temperature"] = options.temperature
-    if options.ignore_eos:
-        out["ignore_eos"] = True  # vLLM / llama.cpp extension: run to the token budget
+    if ignore_eos and options.ignore_eos:
+        out["ignore_eos"] = True  # run to the token budget
     return out
 
 
@@ -124,7 +127,11 @@ _RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"
 
 
 def _responses_body(prompt: str, options: GenerationOptions) -> dict[str, Any]:
-    return {**_common(options), "input": prompt, "max_output_tokens": options.max_tokens}
+    return {
+        **_common(options, ignore_eos=False),
+        "input": prompt,
+        "max_output_tokens": options.max_tokens,
+    }
 
 
 def _responses_parse(payload: dict[str, Any]) -> StreamUpdate:
@@ -148,7 +155,7 @@ def _responses_parse(payload: dict[str, Any]) -> StreamUpdate:
 
 def _messages_body(prompt: str, options: GenerationOptions) -> dict[str, Any]:
     return {
-        **_common(options),
+        **_common(options, ignore_eos=False),
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": options.max_tokens,
     }
@@ -175,11 +182,12 @@ def _messages_parse(payload: dict[str, Any]) -> StreamUpdate:
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": Endpoint("/v1/chat/completions", _chat_body, _chat_parse),
     "/v1/completions": Endpoint("/v1/completions", _completions_body, _completions_parse),
-    "/v1/responses": Endpoint("/v1/responses", _responses_body, _responses_parse),
+    "/v1/responses": Endpoint("/v1/responses", _responses_body, _responses_parse, ignore_eos=False),
     "/v1/messages": Endpoint(
         "/v1/messages",
         _messages_body,
         _messages_parse,
         headers=(("anthropic-version", "2023-06-01"),),
+        ignore_eos=False,
     ),
 }

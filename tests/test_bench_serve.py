@@ -162,7 +162,10 @@ def test_endpoint_stream_parsing(path):
     assert [u.prompt_tokens for u in updates if u.prompt_tokens is not None] == [prompt_tokens]
     assert not any(u.error for u in updates)
     body = endpoint.body("hello", OPTIONS)
-    assert body["stream"] is True and body["ignore_eos"] is True and body["model"] == "m"
+    assert body["stream"] is True and body["model"] == "m"
+    # The extension goes only where the format has it (strict servers refuse unknown fields).
+    assert body.get("ignore_eos", False) is endpoint.ignore_eos
+    assert endpoint.ignore_eos is (path in ("/v1/chat/completions", "/v1/completions"))
     assert 7 in body.values()  # the output budget under the protocol's own name
 
 
