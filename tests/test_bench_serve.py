@@ -291,3 +291,30 @@ def test_smoke_against_the_embedded_default(tmp_path):
     assert result["output_throughput"] > 0 and result["mean_ttft_ms"] > 0
     assert 0 < result["median_itl_ms"] <= result["p99_itl_ms"]
     assert result["mean_tpot_ms"] > 0
+
+
+def test_end_to_end_against_the_toy_engine(tmp_path):
+    """The whole client (model id, exact prompt lengths through /tokenize and /detokenize,
+    streaming, result file) against the real server over the weightless toy core."""
+    pytest.importorskip("ninfer._core")
+    import bench_http_overhead
+    from server_harness import start_server
+
+    running = start_server(bench_http_overhead.toy_engine(2, 0))
+    try:
+        out = tmp_path / "toy.json"
+        code = bench_serve.main(
+            [
+                "--base-url", running.base_url, "--random-input-len", "24",
+                "--random-output-len", "16", "--num-prompts", "4", "--max-concurrency", "2",
+                "--request-rate", "50", "--result-file", str(out),
+            ]
+        )  # fmt: skip
+    finally:
+        running.stop()
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["model_id"] == "toy" and result["completed"] == 4
+    assert result["input_lens"] == [24] * 4 and result["output_lens"] == [16] * 4
+    assert result["total_served_prompt_tokens"] > 4 * 24  # the template's tokens on top
+    assert all(len(itl) >= 1 for itl in result["itls"]) and result["errors"] == [""] * 4
