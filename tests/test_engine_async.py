@@ -325,3 +325,23 @@ def test_next_within_times_out_without_losing_events():
     assert [t for e in relayed for t in e.token_ids] == tokens and beats >= 3
     assert events[-1].timings is not None  # only the finished event carries timings
     assert all(e.timings is None for e in events[:-1])
+
+
+def test_next_within_times_out_while_waiting_for_a_lane():
+    async def main():
+        engine = _engine()  # one lane
+        engine._core.toy_set_step_delay_us(20_000)
+        greedy = SamplingParams(temperature=0.0)
+        first = engine.submit(GenerationRequest(prompt_ids=[1], max_tokens=5, sampling=greedy))
+        second = engine.submit(GenerationRequest(prompt_ids=[2], max_tokens=2, sampling=greedy))
+        waits = 0
+        while await second.next_within(0.005) is None:
+            waits += 1
+        rest = [e async for e in second]
+        await _stream(first)
+        await engine.close()
+        return waits, rest
+
+    waits, rest = asyncio.run(main())
+    assert waits >= 3  # the first request held the lane for ~100 ms
+    assert rest and rest[-1].finished

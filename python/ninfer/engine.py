@@ -136,6 +136,11 @@ class RequestHandle:
         admitted() raises before admission."""
         if self._consumed:
             raise StopAsyncIteration
+        if not self._admission.is_set() and timeout is not None:
+            try:  # rare (streams wait for their lane first): a Task here is fine
+                await asyncio.wait_for(self._admission.wait(), timeout)
+            except TimeoutError:
+                return None
         if not self._admission.is_set() or self._admission_error is not None:
             await self.admitted()
         if not self._events and not await self._wait_for_event(timeout):
