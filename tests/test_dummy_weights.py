@@ -75,6 +75,9 @@ def test_header_only_needs_random(capsys):
     with pytest.raises(SystemExit):
         convert_main(["some/folder", "--header-only", "-o", "x.ninfer"])
     assert "--header-only only applies to --random" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        convert_main(["--random", "qwen3.6-27b", "--header-only", "--dtype", "q8_0", "-o", "x"])
+    assert "--dtype does not apply" in capsys.readouterr().err
 
 
 def test_plain_serving_of_header_only_artifact_fails_clearly(llama_artifact, capsys):

@@ -104,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--tokenizer only applies to --random")
     if args.random is None and args.header_only:
         parser.error("--header-only only applies to --random")
+    if args.header_only and args.dtype is not None:
+        parser.error("--header-only stores no weights, so --dtype does not apply (the "
+                     "engine's dummy weights are bf16)")
     if args.output is None and not args.dry_run:
         parser.error("give -o OUT.ninfer (or --dry-run)")
     if not args.quiet:
