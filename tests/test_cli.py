@@ -36,7 +36,8 @@ IMPLEMENTED = [
     "--presence-penalty", "--frequency-penalty", "--seed", "--greedy", "--usage-chunk-choice",
     "--tolerant-tool-calls", "--reasoning-effort", "--log-stats-interval-ms",
     "--log-stats-panel", "--log-colours", "--request-log-jsonl", "--request-log-max-mib",
-    "--request-log-keep", "--load-format",
+    "--request-log-keep", "--response-store-max-records", "--response-store-max-mib",
+    "--load-format",
 ]  # fmt: skip
 
 

@@ -55,7 +55,7 @@ def mutate(rng: random.Random, value):
         else:
             value[i] = mutate(rng, value[i])
         return value
-    return rng.choice(ODD_VALUES)
+    return copy.deepcopy(rng.choice(ODD_VALUES))  # a shared one could end up inside itself
 
 
 @pytest.fixture(scope="module")

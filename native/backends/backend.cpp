@@ -17,6 +17,12 @@ Weight Backend::random_weight(int64_t, int64_t, uint64_t, float) {
   throw std::runtime_error("the " + name() + " backend cannot make random weights");
 }
 
+Weight Backend::random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t, uint64_t seed, float scale) {
+  if (dtype == DType::BF16) return random_weight(rows, cols, seed, scale);
+  throw std::runtime_error("the " + name() + " backend cannot make random " + std::string(dtype_name(dtype)) +
+                           " weights");
+}
+
 namespace {
 
 [[noreturn]] void not_implemented(const Backend& backend, const char* op) {

@@ -19,5 +19,6 @@ void bind_cuda_sampling(pybind11::module_& m);  // cuda_sampling_bindings.cpp (c
 // A SamplingBatch from a list of row dicts (see _core.sample_rows_host).
 SamplingBatch sampling_batch_from(const pybind11::list& rows);  // sampling_bindings.cpp
 void bind_cuda_gemv(pybind11::module_& m);    // cuda_gemv_bindings.cpp (called by bind_cuda)
+void bind_cuda_quant(pybind11::module_& m);   // cuda_quant_bindings.cpp (called by bind_cuda)
 
 }  // namespace ninfer::bindings

@@ -264,7 +264,8 @@ void bind_engine_class(py::module_& m) {
           [](PyEngine& self, std::vector<int32_t> prompt_ids, int32_t max_tokens, float temperature, float top_p,
              int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
-             bool ignore_eos, int32_t min_tokens) {
+             bool ignore_eos, int32_t min_tokens, int32_t thinking_budget, bool thinking_open,
+             int32_t think_open_id, int32_t think_close_id, std::vector<int32_t> thinking_close_ids) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -273,6 +274,11 @@ void bind_engine_class(py::module_& m) {
             p.stop_strings = stop_list(stop_strings);
             p.ignore_eos = ignore_eos;
             p.min_tokens = min_tokens;
+            p.thinking.limit = thinking_budget;
+            p.thinking.starts_open = thinking_open;
+            p.thinking.open_id = think_open_id;
+            p.thinking.close_id = think_close_id;
+            p.thinking.close_ids = std::move(thinking_close_ids);
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -280,7 +286,11 @@ void bind_engine_class(py::module_& m) {
           py::arg("top_p") = 1.0f, py::arg("top_k") = 0, py::arg("min_p") = 0.0f, py::arg("presence_penalty") = 0.0f,
           py::arg("frequency_penalty") = 0.0f, py::arg("seed") = py::none(),
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
-          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0)
+          py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("thinking_budget") = -1,
+          py::arg("thinking_open") = false, py::arg("think_open_id") = -1, py::arg("think_close_id") = -1,
+          py::arg("thinking_close_ids") = std::vector<int32_t>{},
+          "thinking_budget >= 0 caps the tokens committed while thinking is open: then "
+          "thinking_close_ids are committed without sampling (see engine/thinking_budget.h).")
       .def(
           "cancel", [](PyEngine& self, uint64_t id) { self.engine->cancel(id); }, py::arg("request_id"),
           py::call_guard<py::gil_scoped_release>())

@@ -112,6 +112,15 @@ std::string Engine::validate(const GenerationParams& p) const {
              std::to_string(vocab_size_) + ")";
   for (const auto& stop : p.stop_strings)
     if (stop.empty()) return "stop strings must not be empty";
+  const auto& t = p.thinking;
+  if (t.active()) {
+    if (t.close_ids.empty()) return "a thinking budget needs the ids of its close sequence";
+    for (int32_t id : t.close_ids)
+      if (id < 0 || id >= vocab_size_)
+        return "thinking close id " + std::to_string(id) + " is outside the vocabulary (size " +
+               std::to_string(vocab_size_) + ")";
+  }
+  if (t.open_id >= vocab_size_ || t.close_id >= vocab_size_) return "thinking marker ids are outside the vocabulary";
   return {};
 }
 
@@ -423,7 +432,8 @@ void Engine::plan_device_sampling() {
     row.presence_penalty = p.presence_penalty;
     row.frequency_penalty = p.frequency_penalty;
     row.top_k = p.top_k;
-    row.uniform = p.temperature > 0.0f ? seq.sampler.next_draw() : 0.0;
+    // A forced thinking-close token draws nothing, as on the host path.
+    row.uniform = p.temperature > 0.0f && !seq.thinking.forcing_next() ? seq.sampler.next_draw() : 0.0;
     tokens.clear();
     counts.clear();
     if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
@@ -473,7 +483,9 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
     Sequence& seq = *row.seq;
     try {
       int32_t token = 0;
-      if (sampled_on_device) {
+      if (auto forced = seq.thinking.next_forced()) {
+        token = *forced;  // the thinking budget closes thinking: committed without sampling
+      } else if (sampled_on_device) {
         token = sampled_ids_[static_cast<size_t>(row.logit_row)];
         if (token < 0) throw std::runtime_error(sampled_code_error(token));
         if (token >= vocab_size_) throw std::runtime_error("the device sampler chose id " + std::to_string(token) +
@@ -501,6 +513,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
 void Engine::commit_token(Sequence& seq, int32_t token, EngineEvent& event) const {
   seq.output.push_back(token);
   ++seq.output_counts[token];
+  seq.thinking.observe(token);
   event.token_ids.push_back(token);
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
   // Stops are live once min_tokens tokens precede this one.

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/thinking_budget.h"
+
 namespace ninfer {
 
 struct SamplingParams {
@@ -26,6 +28,7 @@ struct GenerationParams {
   std::vector<std::string> stop_strings;  // matched on bytes across token boundaries
   bool ignore_eos = false;
   int32_t min_tokens = 0;  // eos, stop ids and stop strings are inert until this many tokens
+  ThinkingBudgetParams thinking;  // an optional thinking-token cap (thinking_budget.h)
 };
 
 }  // namespace ninfer

@@ -13,6 +13,7 @@
 #include "engine/generation_params.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
+#include "engine/thinking_budget.h"
 
 namespace ninfer {
 
@@ -26,7 +27,8 @@ struct Sequence {
         params(std::move(params_)),
         output_cap(output_cap_),
         sampler(params.sampling, seed),
-        stops(params.stop_strings) {}
+        stops(params.stop_strings),
+        thinking(params.thinking) {}
 
   int32_t prompt_len() const { return static_cast<int32_t>(params.prompt.size()); }
   int32_t prompt_left() const { return prompt_len() - cached; }
@@ -43,6 +45,7 @@ struct Sequence {
   TokenCounts output_counts;     // histogram of `output`, for penalties
   Sampler sampler;
   StopMatcher stops;
+  ThinkingBudget thinking;
 
   EngineClock::time_point submitted{};
   std::optional<EngineClock::time_point> deadline;  // pending only

@@ -94,6 +94,10 @@ struct ModelOptions {
   // the backend as seeded random values and every norm weight is 1. For benchmarks of real
   // shapes without a weight file; the backend must implement Backend::random_weight.
   int64_t random_weights_seed = -1;
+  // With random weights: the format of the matrices the fp8/nvfp4 converters would quantize
+  // ("bf16", "fp8" or "nvfp4"; models/quantized_names.h), made by
+  // Backend::random_quantized_weight.
+  std::string random_weights_dtype = "bf16";
 };
 
 // Builds the model the artifact's architecture names. Throws std::runtime_error with a clear

@@ -1,4 +1,5 @@
 #include "models/qwen3_5.h"
+#include "models/quantized_names.h"
 
 #include <cmath>
 #include <functional>
@@ -97,6 +98,12 @@ class Qwen35Model final : public Model, public MtpHead {
 
  private:
   bool random_weights() const { return options_.random_weights_seed >= 0; }
+  // The format of a random weight: options_.random_weights_dtype where an artifact of that
+  // format would quantize the matrix, else bf16.
+  DType random_dtype(const std::string& name, int64_t cols) const {
+    const DType dtype = dtype_from_name(options_.random_weights_dtype);
+    return is_block_quantized(dtype) && quantizable_weight(name, cols, dtype) ? dtype : DType::BF16;
+  }
   int64_t lane_state_floats() const {
     return cfg_.gdn_layers() * (cfg_.gdn.conv_state_floats() + cfg_.gdn.ssm_state_floats());
   }
@@ -174,8 +181,10 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
   if (random_weights()) {
     // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    add_random_weight_statistics(info_, rows * cols, rows * cols * 2, "bf16");
-    return backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, rows, seed,
+                                                       std::sqrt(3.0f / static_cast<float>(cols)));
+    add_random_weight_statistics(info_, w);
+    return w;
   }
   return backend_->upload_weight(checked(name, {rows, cols}));
 }
@@ -184,10 +193,11 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
 Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape) {
   if (random_weights()) {
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    const int64_t elements = shape[0] * shape[1] * shape[2];
-    add_random_weight_statistics(info_, elements, elements * 2, "bf16");
-    return backend_->random_weight(shape[0] * shape[1], shape[2], seed,
-                                   std::sqrt(3.0f / static_cast<float>(shape[2])));
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, shape[2]), shape[0] * shape[1],
+                                                       shape[2], shape[1], seed,
+                                                       std::sqrt(3.0f / static_cast<float>(shape[2])));
+    add_random_weight_statistics(info_, w);
+    return w;
   }
   TensorView flat = checked(name, shape);
   flat.shape = {shape[0] * shape[1], shape[2]};
@@ -206,7 +216,7 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
   if (random_weights()) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
-    add_random_weight_statistics(info_, n, n * 4, "f32");
+    add_random_weight_statistics(info_, DType::F32, 1, n);
     return filled(n, random_value);
   }
   TensorView flat = checked(name, shape);
@@ -216,7 +226,7 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
 
 Buffer Qwen35Model::zero_centered_norm(const std::string& name, int64_t size) {
   if (random_weights()) {
-    add_random_weight_statistics(info_, size, size * 4, "f32");
+    add_random_weight_statistics(info_, DType::F32, 1, size);
     return filled(size, 1.0f);  // w = 0
   }
   Buffer w = vector(name, {size}, 0.0f);

@@ -40,6 +40,7 @@ from ninfer.engine_types import (
     EngineUnavailable,
     GenerationRequest,
     QueueTimeout,
+    ThinkingBudget,
     Timings,
 )
 
@@ -90,6 +91,16 @@ def _to_event(core_event: Any) -> EngineEvent:
         ),
         error=core_event.error,
     )
+
+
+def _thinking_budget_options(budget: ThinkingBudget) -> dict[str, Any]:
+    return {
+        "thinking_budget": min(max(budget.limit, 0), _INT32_MAX),
+        "thinking_open": budget.starts_open,
+        "think_open_id": -1 if budget.open_id is None else budget.open_id,
+        "think_close_id": -1 if budget.close_id is None else budget.close_id,
+        "thinking_close_ids": list(budget.close_ids),
+    }
 
 
 class RequestHandle:
@@ -294,6 +305,7 @@ class AsyncEngine:
             raise EngineUnavailable("the engine is closed")
         self._watch_events()
         s = request.sampling
+        budget = request.thinking_budget
         result = self._core.submit(
             request.prompt_ids,
             # Output is capped by the context ceiling anyway; keep huge budgets in int32.
@@ -309,6 +321,7 @@ class AsyncEngine:
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
+            **(_thinking_budget_options(budget) if budget is not None else {}),
         )
         status = result.status
         if status == "overloaded":

@@ -21,6 +21,22 @@ class SamplingParams:
 
 
 @dataclass(slots=True)
+class ThinkingBudget:
+    """A thinking-token cap the engine enforces on committed tokens.
+
+    Once `limit` tokens were committed while thinking is open and it is still open, the engine
+    commits `close_ids` (the early-close guidance ending in the close marker) without sampling,
+    then generation continues. A natural close, a stop or the output limit acts first.
+    """
+
+    limit: int  # >= 0
+    close_ids: list[int]  # guidance + close marker + the line break after it
+    starts_open: bool = True  # the prompt ends inside an opened thinking block
+    open_id: int | None = None  # the model may open thinking with this token
+    close_id: int | None = None  # committing it closes thinking
+
+
+@dataclass(slots=True)
 class GenerationRequest:
     prompt_ids: list[int]
     max_tokens: int  # >= 0; 0 = prompt processing only
@@ -29,6 +45,7 @@ class GenerationRequest:
     stop_strings: list[str] = field(default_factory=list)  # matched on bytes; text withheld
     ignore_eos: bool = False
     min_tokens: int = 0  # eos and stops are suppressed until this many tokens exist
+    thinking_budget: ThinkingBudget | None = None
 
 
 @dataclass(slots=True)

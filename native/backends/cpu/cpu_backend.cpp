@@ -1,4 +1,5 @@
 #include "backends/cpu/cpu_backend.h"
+#include "backends/quantized_weight.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -48,7 +49,7 @@ void convert_row(DType dtype, const void* src, int64_t cols, float* dst) {
       }
       return;
     }
-    case DType::I32: break;
+    case DType::I32: case DType::FP8: case DType::NVFP4: break;  // FP8/NVFP4: dequantize_rows
   }
   throw std::runtime_error("cannot convert a " + std::string(dtype_name(dtype)) + " row to f32");
 }
@@ -70,7 +71,14 @@ Weight CpuBackend::upload_weight(const TensorView& t) {
     throw std::runtime_error("tensor '" + t.name + "': a weight must be 1-D or 2-D");
   if (t.dtype == DType::I32)
     throw std::runtime_error("tensor '" + t.name + "': i32 is not a weight format");
-  Weight w{t.dtype, t.shape.size() == 2 ? t.shape[0] : 1, t.shape.back(), t.data};
+  const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
+  if (is_block_quantized(t.dtype)) {
+    const int64_t group_rows = std::min(t.group_rows, rows);
+    if (static_cast<uint64_t>(QuantizedLayout::of(t.dtype, rows, t.shape.back(), group_rows).nbytes) != t.nbytes)
+      throw std::runtime_error("tensor '" + t.name + "': byte size does not match its shape");
+    return quantized_weight_at(t.dtype, rows, t.shape.back(), group_rows, t.data);  // zero copy
+  }
+  Weight w{t.dtype, rows, t.shape.back(), t.data};
   if (w.dtype == DType::Q8_0 && w.cols % kQ8BlockSize != 0)
     throw std::runtime_error("tensor '" + t.name + "': q8_0 rows must be a multiple of 32");
   if (static_cast<uint64_t>(row_bytes(w.dtype, w.cols) * w.rows) != t.nbytes)

@@ -159,6 +159,7 @@ Weight CudaBackend::upload_weight(const TensorView& t) {
     throw std::runtime_error("tensor '" + t.name + "': a weight must be 1-D or 2-D");
   if (t.dtype == DType::I32) throw std::runtime_error("tensor '" + t.name + "': i32 is not a weight format");
   const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1, cols = t.shape.back();
+  if (is_block_quantized(t.dtype)) return upload_quantized(t, rows, cols);
   if (t.dtype == DType::Q8_0 && cols % kQ8BlockSize != 0)
     throw std::runtime_error("tensor '" + t.name + "': q8_0 rows must be a multiple of 32");
   if (static_cast<uint64_t>(row_bytes(t.dtype, cols) * rows) != t.nbytes)
@@ -318,6 +319,14 @@ bool CudaBackend::prefer_gemv(const float* x, int64_t m, std::span<const MatmulO
 
 void CudaBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) {
   if (outputs.empty() || m <= 0) return;
+  if (std::any_of(outputs.begin(), outputs.end(), [](const MatmulOutput& o) { return is_block_quantized(o.weight->dtype); })) {
+    // bf16 and quantized weights of one call (a mixed-precision checkpoint) go their own ways.
+    std::vector<MatmulOutput> plain, quantized;
+    for (const auto& o : outputs) (is_block_quantized(o.weight->dtype) ? quantized : plain).push_back(o);
+    if (!plain.empty()) matmul_many(x, m, plain);
+    matmul_quantized(x, m, quantized);
+    return;
+  }
   const int64_t k = outputs[0].weight->cols;
   for (const auto& o : outputs) {
     if (o.weight->dtype != DType::BF16)

@@ -32,7 +32,8 @@ from ninfer.convert.synthetic_tokenizer import (
     synthetic_token_ids,
     synthetic_tokenizer_json,
 )
-from ninfer.convert.tensors import encode, row_ranges, stored_dtype
+from ninfer.convert.tensor_encoder import TensorEncoder
+from ninfer.convert.tensors import row_ranges, stored_dtype
 
 WEIGHT_STD = 0.02  # small enough that activations stay finite through many random layers
 # Qwen3.5 norm gains vary this much around their centre, so a parity test notices a gain
@@ -76,7 +77,7 @@ def plan_random_artifact(config: dict[str, Any], *, dtype: str = "bf16") -> Rand
         normalized = normalize_config(architecture, config)
         shapes = expected_tensors(normalized)
     requested = "bf16" if dtype == "keep" else dtype
-    tensors = {n: (stored_dtype(s, "f32", requested), tuple(s)) for n, s in shapes.items()}
+    tensors = {n: (stored_dtype(s, "f32", requested, n), tuple(s)) for n, s in shapes.items()}
     return RandomPlan(architecture, normalized, tensors)
 
 
@@ -224,10 +225,12 @@ def make_random_artifact(
         with progress_bar(parameters, "random weights", enabled=progress and parameters > 0) as bar:
             for tensor_name, (tensor_dtype, shape) in tensors.items():
                 rng = _tensor_rng(seed, tensor_name)
+                encoder = TensorEncoder(writer, tensor_name, tensor_dtype, shape)
                 for start, stop in row_ranges(shape):  # fixed blocks: a fixed rng sequence
                     values = rows(rng, tensor_name, (stop - start, *shape[1:]))
-                    writer.write_part(tensor_name, encode(values, "f32", tensor_dtype))
+                    encoder.add_array(values, "f32")
                     bar.update(values.size)
+                encoder.finish()
         return writer.close()
     except BaseException:
         writer.abort()

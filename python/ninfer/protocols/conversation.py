@@ -67,6 +67,7 @@ class ToolDefinition:
     parameters: dict[str, Any] | None = None  # JSON schema, member order as received
     custom: bool = False  # a free-form tool: served as a one-string function
     strict: bool = False
+    input_examples: list[dict[str, Any]] | None = None  # Anthropic: example inputs shown
 
     def template_entry(self) -> dict[str, Any]:
         function: dict[str, Any] = {"name": self.name}
@@ -75,6 +76,8 @@ class ToolDefinition:
         function["parameters"] = self.schema()
         if self.strict:
             function["strict"] = True
+        if self.input_examples:
+            function["input_examples"] = self.input_examples
         return {"type": "function", "function": function}
 
     def schema(self) -> dict[str, Any]:

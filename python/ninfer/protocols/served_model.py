@@ -12,6 +12,7 @@ from ninfer.protocols.sampling import (
     architecture_sampling_presets,
     artifact_sampling_defaults,
 )
+from ninfer.protocols.thinking_budget import ThinkingClose
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class ServedModel:
     effort_ladder: EffortLadder = field(default_factory=EffortLadder)
     markup: OutputMarkup = field(default_factory=OutputMarkup)
     tolerant_tool_calls: bool = False
+    default_thinking_budget: int | None = None  # --default-thinking-budget
+    thinking_close: ThinkingClose | None = None  # what a reached cap commits
 
     @property
     def max_context(self) -> int:
@@ -75,6 +78,8 @@ def load_served_model(
     preserve_thinking: bool = False,
     reasoning_effort: str | None = None,
     tolerant_tool_calls: bool = False,
+    default_thinking_budget: int | None = None,
+    thinking_budget_message: str | None = None,
 ) -> ServedModel:
     header = engine.header
     source = chat_template if chat_template is not None else engine.chat_template()
@@ -110,4 +115,6 @@ def load_served_model(
         effort_ladder=ladder,
         markup=OutputMarkup.detect(source, engine.tokenizer),
         tolerant_tool_calls=tolerant_tool_calls,
+        default_thinking_budget=default_thinking_budget,
+        thinking_close=ThinkingClose.build(engine.tokenizer, thinking_budget_message),
     )

@@ -10,7 +10,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer.protocols.openai_responses.store import ResponseStore
 from ninfer.protocols.served_model import ServedModel
+from ninfer.server.anthropic_errors import anthropic_error, is_anthropic_path
+from ninfer.server.anthropic_messages import TokenCountGate, count_tokens, messages
 from ninfer.server.chat_completions import chat_completions
 from ninfer.server.completions import completions
 from ninfer.server.config import AppConfig
@@ -19,6 +22,15 @@ from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
 from ninfer.server.inflight import InflightRequests
 from ninfer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ninfer.server.metrics import ServerMetrics
+from ninfer.server.responses import (
+    cancel_response,
+    compact_response,
+    count_input_tokens,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from ninfer.server.telemetry import Telemetry
 from ninfer.server.tokenize import detokenize, tokenize, version
 
@@ -31,17 +43,21 @@ Handler = Callable[["NInferApp", HttpRequest, dict[str, str]], Awaitable[None]]
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
-    path: str  # a trailing "{name}" captures the rest of the path (model ids contain "/")
+    path: str  # "{name}" captures one segment; a trailing one the rest (model ids contain "/")
     handler: Handler
     public: bool = False  # reachable without the API key, and not under /v1/v1
 
     def match(self, path: str) -> dict[str, str] | None:
         if "{" not in self.path:
             return {} if path == self.path else None
-        prefix, _, name = self.path.partition("{")
-        if path.startswith(prefix) and len(path) > len(prefix):
-            return {name.rstrip("}"): path[len(prefix) :]}
-        return None
+        prefix, _, rest = self.path.partition("{")
+        name, _, suffix = rest.partition("}")
+        if not (path.startswith(prefix) and path.endswith(suffix)):
+            return None
+        value = path[len(prefix) : len(path) - len(suffix)]
+        if not value or (suffix and "/" in value):
+            return None
+        return {name: value}
 
 
 async def _health(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
@@ -86,6 +102,42 @@ async def _completions(app: NInferApp, request: HttpRequest, params: dict[str, s
     await completions(request, app.served, app.config, app.inflight)
 
 
+async def _messages(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await messages(request, app.served, app.config, app.inflight)
+
+
+async def _count_tokens(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await count_tokens(request, app.served, app.config, app.token_counts)
+
+
+async def _create_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await create_response(request, app.served, app.config, app.inflight, app.response_store)
+
+
+async def _count_input_tokens(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await count_input_tokens(request, app.served, app.config, app.response_store)
+
+
+async def _compact_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await compact_response(request, app.config)
+
+
+async def _retrieve_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await retrieve_response(request, app.response_store, params["response_id"])
+
+
+async def _delete_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await delete_response(request, app.response_store, params["response_id"])
+
+
+async def _list_input_items(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await list_input_items(request, app.response_store, params["response_id"])
+
+
+async def _cancel_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await cancel_response(request, app.response_store, params["response_id"])
+
+
 async def _tokenize(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
     await tokenize(request, app.served, app.config)
 
@@ -105,6 +157,15 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/models/{model_id}", _get_model),
     Route("POST", "/v1/chat/completions", _chat),
     Route("POST", "/v1/completions", _completions),
+    Route("POST", "/v1/messages", _messages),
+    Route("POST", "/v1/messages/count_tokens", _count_tokens),
+    Route("POST", "/v1/responses", _create_response),
+    Route("POST", "/v1/responses/input_tokens", _count_input_tokens),
+    Route("POST", "/v1/responses/compact", _compact_response),
+    Route("GET", "/v1/responses/{response_id}/input_items", _list_input_items),
+    Route("POST", "/v1/responses/{response_id}/cancel", _cancel_response),
+    Route("GET", "/v1/responses/{response_id}", _retrieve_response),
+    Route("DELETE", "/v1/responses/{response_id}", _delete_response),
     Route("POST", "/tokenize", _tokenize),
     Route("POST", "/detokenize", _detokenize),
     Route("GET", "/version", _version),
@@ -130,6 +191,10 @@ class NInferApp:
         if self.telemetry.metrics is None:
             self.telemetry.metrics = self.metrics
         self.inflight = InflightRequests(self.telemetry)
+        self.token_counts = TokenCountGate(config.token_count_capacity)
+        self.response_store = ResponseStore(
+            config.response_store_max_records, config.response_store_max_mib
+        )
         self.ready = False  # set once Granian listens and the lifespan startup ran
 
     def begin_shutdown(self) -> None:
@@ -248,7 +313,9 @@ class NInferApp:
             )
 
     def _common_headers(self, request_id: str, scope: dict[str, Any]) -> list[tuple[bytes, bytes]]:
-        headers = [(b"x-request-id", request_id.encode())]
+        # Anthropic routes carry Anthropic's `request-id`; every other route `x-request-id`.
+        id_header = b"request-id" if is_anthropic_path(scope.get("path", "")) else b"x-request-id"
+        headers = [(id_header, request_id.encode())]
         if self.config.cors:
             requested = b"*"
             for key, value in scope.get("headers", []):
@@ -258,7 +325,7 @@ class NInferApp:
                 (b"access-control-allow-origin", b"*"),
                 (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
                 (b"access-control-allow-headers", requested),
-                (b"access-control-expose-headers", b"x-request-id"),
+                (b"access-control-expose-headers", id_header),
                 (b"access-control-max-age", b"86400"),
             ]
         return headers
@@ -285,4 +352,7 @@ class NInferApp:
         self.telemetry.rejected(request, error)
         if request.response_started:
             return  # a stream reports its own failures; nothing more can be said here
+        if is_anthropic_path(request.path):
+            await request.send_json(*anthropic_error(error, request.request_id))
+            return
         await request.send_json(error.status, error.body())

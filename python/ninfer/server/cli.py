@@ -169,6 +169,8 @@ async def _run(
             preserve_thinking=args.preserve_thinking,
             reasoning_effort=args.reasoning_effort,
             tolerant_tool_calls=args.tolerant_tool_calls,
+            default_thinking_budget=args.default_thinking_budget,
+            thinking_budget_message=args.thinking_budget_message,
         )
         await engine.warmup()
         telemetry = Telemetry(request_log=request_log)
@@ -181,7 +183,10 @@ async def _run(
                 cors=args.cors,
                 max_request_mib=args.max_request_mib,
                 usage_chunk_choice=args.usage_chunk_choice,
+                response_store_max_records=args.response_store_max_records,
+                response_store_max_mib=args.response_store_max_mib,
                 backend=config.device,
+                token_count_capacity=args.max_concurrency + args.max_pending_requests,
             ),
             on_ready=lambda: _on_ready(served, config, args, reporter, panel),
             telemetry=telemetry,
@@ -259,7 +264,13 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
         served.max_context,
         config.prefill_chunk,
     )
-    log.info("ready: serving http://%s:%d/v1 (OpenAI base URL)", args.host, args.port)
+    log.info(
+        "ready: serving http://%s:%d/v1 (OpenAI base URL), http://%s:%d (Anthropic base URL)",
+        args.host,
+        args.port,
+        args.host,
+        args.port,
+    )
 
 
 if __name__ == "__main__":

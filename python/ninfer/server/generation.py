@@ -109,14 +109,24 @@ def no_final_event() -> ApiError:
     return ApiError(500, "the engine ended the request without a final event", code="engine_error")
 
 
-async def fail_stream(
-    request: HttpRequest, sse: SseStream, exc: Exception, watcher: DisconnectWatcher
-) -> None:
-    """A failure after the stream started: one error event (unless the client left)."""
+def stream_failure(
+    request: HttpRequest, exc: Exception, watcher: DisconnectWatcher
+) -> ApiError | None:
+    """The error a started stream reports for `exc`, or None when the client already left.
+    Each protocol frames it in its own error event."""
     if watcher.disconnected.is_set():
-        return
+        return None
     error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
     if error is None:
         log.exception("%s: stream failed", request.request_id)
         error = ApiError(500, "internal error while streaming", code="internal_error")
-    await sse.fail(error.body())
+    return error
+
+
+async def fail_stream(
+    request: HttpRequest, sse: SseStream, exc: Exception, watcher: DisconnectWatcher
+) -> None:
+    """A failure after the stream started: one error event (unless the client left)."""
+    error = stream_failure(request, exc, watcher)
+    if error is not None:
+        await sse.fail(error.body())

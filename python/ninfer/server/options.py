@@ -24,8 +24,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--media-cache-mib", True, "media input"),
     ("--media-live-mib", True, "media input"),
     ("--media-preprocess-threads", True, "media input"),
-    ("--response-store-max-records", True, "the Responses API"),
-    ("--response-store-max-mib", True, "the Responses API"),
     ("--kv-dtype", True, "quantized KV caches"),
     ("--spec", True, "speculative decoding"),
     ("--draft-tokens", True, "speculative decoding"),
@@ -37,8 +35,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--ngram-archive-mib", True, "n-gram drafting"),
     ("--ngram-session-mib", True, "n-gram drafting"),
     ("--ngram-native-sessions", False, "n-gram drafting"),
-    ("--default-thinking-budget", True, "thinking budgets"),
-    ("--thinking-budget-message", True, "thinking budgets"),
     ("--vision", False, "vision input"),
     ("--vision-offload", True, "vision input"),
     ("--vision-max-merged", True, "vision input"),
@@ -101,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ninfer-serve",
         usage="ninfer-serve [MODEL] [options]",
-        description="Serve one model over OpenAI-compatible HTTP (Chat Completions).",
+        description="Serve one model over OpenAI- and Anthropic-compatible HTTP.",
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="With no MODEL, the embedded SmolLM2-135M-Instruct is converted once into "
@@ -224,6 +220,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the template's own)",
     )
     gen.add_argument(
+        "--default-thinking-budget",
+        type=_int_range(1),
+        metavar="N",
+        help="thinking-token cap for requests that start in thinking mode; at the cap the "
+        "early-close guidance and </think> are committed and the answer follows "
+        "(default: unset)",
+    )
+    gen.add_argument(
+        "--thinking-budget-message",
+        metavar="S",
+        help="text committed when a thinking budget ends thinking, instead of Qwen's "
+        "early-close guidance; </think> is appended when S lacks it (default: Qwen's guidance)",
+    )
+    gen.add_argument(
         "--tolerant-tool-calls",
         action="store_true",
         help="recover complete tool calls cut by a malformed wrapper, a trailing suffix or the "
@@ -235,6 +245,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="give the streamed usage chunk a zero-delta choice, for strict client parsers "
         "(default: off)",
+    )
+    responses = parser.add_argument_group("Responses API store")
+    responses.add_argument(
+        "--response-store-max-records",
+        type=_int_range(1),
+        default=1024,
+        metavar="N",
+        help="stored Responses kept for retrieval and previous_response_id, least recently "
+        "used evicted first (default: 1024)",
+    )
+    responses.add_argument(
+        "--response-store-max-mib",
+        type=_int_range(1),
+        default=256,
+        metavar="N",
+        help="byte budget of the stored Responses (default: 256)",
     )
     sampler = parser.add_argument_group(
         "sampling (precedence: artifact defaults < these flags < request fields < --greedy)"

@@ -28,6 +28,11 @@ class SseStream:
     async def event(self, payload: dict[str, Any]) -> None:
         await self._request.send_body(b"data: " + encode_json(payload) + b"\n\n", more=True)
 
+    async def named_event(self, name: str, payload: dict[str, Any]) -> None:
+        """An event with an `event:` name line (Anthropic's framing)."""
+        frame = b"event: " + name.encode() + b"\ndata: " + encode_json(payload) + b"\n\n"
+        await self._request.send_body(frame, more=True)
+
     async def keep_alive(self) -> None:
         await self._request.send_body(b": keep-alive\n\n", more=True)
 

@@ -16,6 +16,7 @@ from ninfer.protocols.openai_chat.messages import lower_messages
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
 from ninfer.protocols.openai_chat.tools import callable_tools, parse_tools
 from ninfer.protocols.served_model import ServedModel
+from ninfer.protocols.thinking_budget import plan_thinking_budget
 from ninfer.server.errors import ApiError, context_length_exceeded, invalid, unsupported
 
 MAX_STOP_STRINGS = 4
@@ -65,9 +66,10 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         raise invalid("`stream_options` is only allowed when `stream` is true", "stream_options")
     conversation = chat_conversation(request)
     prompt = render_conversation(served, conversation)
+    max_tokens = _max_tokens(request, len(prompt.ids), served)
     generation = GenerationRequest(
         prompt_ids=prompt.ids,
-        max_tokens=_max_tokens(request, len(prompt.ids), served),
+        max_tokens=max_tokens,
         sampling=served.sampling.resolve(
             request.sampling_fields(),
             request.seed,
@@ -77,6 +79,13 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         stop_token_ids=stop_token_ids(request.stop_token_ids, served),
         ignore_eos=bool(request.ignore_eos),
         min_tokens=request.min_tokens or 0,
+        thinking_budget=plan_thinking_budget(
+            served.thinking_close,
+            prompt.decoder.thinking,
+            served.default_thinking_budget,
+            max_tokens,
+            "max_completion_tokens",
+        ),
     )
     stream = bool(request.stream)
     return LoweredChat(

@@ -1,0 +1,1 @@
+"""Anthropic Messages: wire structs, validation, lowering, and response rendering."""
