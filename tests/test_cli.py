@@ -46,6 +46,7 @@ IMPLEMENTED = [
     "--log-stats-panel", "--log-colours", "--request-log-jsonl", "--request-log-max-mib",
     "--request-log-keep", "--response-store-max-records", "--response-store-max-mib",
     "--no-cuda-graph",
+    "--load-format",
 ]  # fmt: skip
 
 

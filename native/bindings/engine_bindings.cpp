@@ -459,6 +459,13 @@ void bind_engine_class(py::module_& m) {
           },
           py::arg("count"))
       .def(
+          "toy_set_step_delay_us",
+          [](PyEngine& self, int64_t us) {
+            if (!self.toy) throw py::value_error("only toy engines have this hook");
+            self.toy->set_step_delay_us(us);
+          },
+          py::arg("us"), "Every toy forward sleeps this long (paces the engine like a real model).")
+      .def(
           "toy_sample_on_device",
           [](PyEngine& self, bool on) {
             if (!self.toy) throw py::value_error("only toy engines have this hook");

@@ -99,7 +99,9 @@ class LlamaModel final : public Model {
     if (random_weights()) {
       // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
       const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-      return backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+      const Weight w = backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+      add_random_weight_statistics(info_, w);
+      return w;
     }
     const TensorView& t = artifact_.tensor(name);
     if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
@@ -110,6 +112,7 @@ class LlamaModel final : public Model {
   Buffer vector(const std::string& name, int64_t size, bool required = true) {
     if (random_weights()) {  // norm weights are 1, optional tensors (biases) absent
       if (!required) return {};
+      add_random_weight_statistics(info_, DType::F32, 1, size);
       Buffer ones = backend_->alloc(size);
       const std::vector<float> host(static_cast<size_t>(size), 1.0f);
       backend_->copy_from_host(ones.data(), host.data(), size);

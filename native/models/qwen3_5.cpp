@@ -190,8 +190,10 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
   if (random_weights()) {
     // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    return backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, rows, seed,
-                                             std::sqrt(3.0f / static_cast<float>(cols)));
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, rows, seed,
+                                                       std::sqrt(3.0f / static_cast<float>(cols)));
+    add_random_weight_statistics(info_, w);
+    return w;
   }
   return backend_->upload_weight(checked(name, {rows, cols}));
 }
@@ -200,8 +202,11 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
 Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape) {
   if (random_weights()) {
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    return backend_->random_quantized_weight(random_dtype(name, shape[2]), shape[0] * shape[1], shape[2], shape[1],
-                                             seed, std::sqrt(3.0f / static_cast<float>(shape[2])));
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, shape[2]), shape[0] * shape[1],
+                                                       shape[2], shape[1], seed,
+                                                       std::sqrt(3.0f / static_cast<float>(shape[2])));
+    add_random_weight_statistics(info_, w);
+    return w;
   }
   TensorView flat = checked(name, shape);
   flat.shape = {shape[0] * shape[1], shape[2]};
@@ -220,6 +225,7 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
   if (random_weights()) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
+    add_random_weight_statistics(info_, DType::F32, 1, n);
     return filled(n, random_value);
   }
   TensorView flat = checked(name, shape);
@@ -228,7 +234,10 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
 }
 
 Buffer Qwen35Model::zero_centered_norm(const std::string& name, int64_t size) {
-  if (random_weights()) return filled(size, 1.0f);  // w = 0
+  if (random_weights()) {
+    add_random_weight_statistics(info_, DType::F32, 1, size);
+    return filled(size, 1.0f);  // w = 0
+  }
   Buffer w = vector(name, {size}, 0.0f);
   std::vector<float> host(static_cast<size_t>(size));
   backend_->synchronize();

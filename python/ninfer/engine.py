@@ -23,6 +23,7 @@ Handle semantics (the server codes against these):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import weakref
@@ -84,11 +85,16 @@ def _to_event(core_event: Any) -> EngineEvent:
         stop_reason=core_event.stop_reason,
         prompt_tokens=core_event.prompt_tokens,
         completion_tokens=core_event.completion_tokens,
-        timings=Timings(
-            core_event.queue_ms,
-            core_event.prompt_ms,
-            core_event.predicted_ms,
-            core_event.decode_share_ms,
+        # Only the finished event carries timings; skipping them saves four reads a token.
+        timings=(
+            Timings(
+                core_event.queue_ms,
+                core_event.prompt_ms,
+                core_event.predicted_ms,
+                core_event.decode_share_ms,
+            )
+            if core_event.finished
+            else None
         ),
         error=core_event.error,
         constraint=getattr(core_event, "constraint", None),
@@ -122,7 +128,9 @@ class RequestHandle:
     def __init__(self, engine: AsyncEngine, request_id: int) -> None:
         self.request_id = request_id
         self._engine = engine
-        self._events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        # One consumer reads these; `_waiter` is its pending wait (a bare future, no Task).
+        self._events: collections.deque[EngineEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._admission = asyncio.Event()
         self._admission_error: Exception | None = None
         self._finished = False  # the core reported the end (event queued or admission failed)
@@ -149,15 +157,44 @@ class RequestHandle:
         return self
 
     async def __anext__(self) -> EngineEvent:
+        event = await self.next_within(None)
+        assert event is not None  # no timeout: only an event ends the wait
+        return event
+
+    async def next_within(self, timeout: float | None) -> EngineEvent | None:
+        """The next event, or None once `timeout` seconds pass without one (nothing is lost:
+        ask again). A stream uses it to send keep-alives while the engine is quiet without a
+        Task per event. Raises StopAsyncIteration after the finished event, and what
+        admitted() raises before admission."""
         if self._consumed:
             raise StopAsyncIteration
-        await self.admitted()
-        event = await self._events.get()
+        if not self._admission.is_set() and timeout is not None:
+            try:  # rare (streams wait for their lane first): a Task here is fine
+                await asyncio.wait_for(self._admission.wait(), timeout)
+            except TimeoutError:
+                return None
+        if not self._admission.is_set() or self._admission_error is not None:
+            await self.admitted()
+        if not self._events and not await self._wait_for_event(timeout):
+            return None
+        event = self._events.popleft()
         if event is self._queued_progress:
             self._queued_progress = None
         if event.finished:
             self._consumed = True
         return event
+
+    async def _wait_for_event(self, timeout: float | None) -> bool:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return bool(self._events)
 
     async def aclose(self) -> None:
         self.cancel()
@@ -210,7 +247,9 @@ class RequestHandle:
                 prompt_tokens=core_event.prompt_tokens,
                 prompt_processed=core_event.prompt_processed,
             )
-            self._events.put_nowait(self._queued_progress)
+            self._events.append(self._queued_progress)
+            if self._waiter is not None:
+                _wake(self._waiter)
             return
         if core_event.finished:
             self._finished = True
@@ -224,7 +263,14 @@ class RequestHandle:
                         EngineUnavailable(core_event.error or "engine unavailable")
                     )
             return
-        self._events.put_nowait(_to_event(core_event))
+        self._events.append(_to_event(core_event))
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class AsyncEngine:

@@ -36,6 +36,11 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
 
     artifact = read_header(path)
     header = artifact.header
+    if config.random_weights_seed is None and is_header_only(header):
+        raise ValueError(
+            f"artifact '{path}' holds no weights (it was written header-only); "
+            "it can only be served with random weights (ninfer-serve --load-format dummy)"
+        )
     if not artifact.has_resource("tokenizer.json"):
         raise ValueError(f"artifact '{path}' has no tokenizer.json resource")
     section = header.get("tokenizer") or {}
@@ -53,6 +58,7 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         tokenizer.token_bytes(),
         threads=config.threads,
         device=config.device,
+        random_weights_seed=_weights_seed(config.random_weights_seed),
     )
     core.set_grammar_special_ids(tokenizer.special_token_ids())
     chat_template = None
@@ -74,3 +80,13 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         "name": (header.get("metadata") or {}).get("name") or path.stem,
     }
     return EngineParts(core, tokenizer, header, model_info, chat_template)
+
+
+def is_header_only(header: dict[str, Any]) -> bool:
+    """True for an artifact without a tensor table (`ninfer-convert --header-only`)."""
+    return not header.get("tensors")
+
+
+def _weights_seed(seed: int | None) -> int:
+    # The core takes a non-negative seed (-1 = read the weights); any Python int maps to one.
+    return -1 if seed is None else seed & 0x7FFF_FFFF_FFFF_FFFF

@@ -136,3 +136,6 @@ class EngineConfig:
     tap_min_gap: int = 0  # hybrid: minimum tap spacing; 0 = max(1024, prefill_chunk)
     prefix_cache_file: str | None = None  # restore the cache from it at open, save on close
     cuda_graphs: bool = True  # replay captured CUDA graphs for decode steps (CUDA devices)
+    # None: weights come from the artifact. An int: only its header is read and the engine
+    # makes seeded random weights on the device (benchmarks of real shapes, no weight file).
+    random_weights_seed: int | None = None

@@ -86,6 +86,34 @@ Weight CpuBackend::upload_weight(const TensorView& t) {
   return w;
 }
 
+namespace {
+
+// splitmix64, the CUDA backend's generator: the same seed gives the same weights on both.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Weight CpuBackend::random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) {
+  if (rows <= 0 || cols <= 0) throw std::invalid_argument("random_weight: rows and cols must be positive");
+  const int64_t n = rows * cols;
+  const size_t bytes = (static_cast<size_t>(n) * sizeof(uint16_t) + 63) / 64 * 64;
+  auto* data = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
+  if (!data) throw std::bad_alloc();
+  random_weights_.emplace_back(data, [](uint16_t* p) { std::free(p); });
+  const uint64_t key = mix64(seed + 0x9e3779b97f4a7c15ull);
+  pool_.parallel_ranges(n, 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float unit = static_cast<float>(mix64(key ^ static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+      data[i] = f32_to_bf16((2.0f * unit - 1.0f) * scale);
+    }
+  });
+  return Weight{DType::BF16, rows, cols, data};
+}
+
 Buffer CpuBackend::upload_vector(const TensorView& t) {
   if (t.shape.size() != 1)
     throw std::runtime_error("tensor '" + t.name + "': expected a 1-D tensor");

@@ -131,7 +131,15 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefix_cache_file=getattr(args, "prefix_cache_file", None),
         **{key: value for key, value in optional.items() if value is not None},
         cuda_graphs=not args.no_cuda_graph,
+        random_weights_seed=dummy_weights_seed(args),
     )
+
+
+def dummy_weights_seed(args: argparse.Namespace) -> int | None:
+    """The seed of `--load-format dummy` weights (`--seed`, else 0), None for real weights."""
+    if args.load_format != "dummy":
+        return None
+    return 0 if args.seed is None else args.seed
 
 
 def resolve_device(flag: str | None) -> str:
@@ -159,6 +167,11 @@ async def _run(
 
     config = engine_config(args)
     log.info("loading %s (device %s)", artifact, config.device)
+    if config.random_weights_seed is not None:
+        log.info(
+            "dummy weights: seeded random values (seed %d), not a trained model",
+            config.random_weights_seed,
+        )
     try:
         engine = AsyncEngine.open(str(artifact), config)
     except Exception as exc:  # a bad file or an unavailable device: say which, then exit

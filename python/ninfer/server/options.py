@@ -219,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA device index, or cpu (default: 0 when this build has CUDA and a device, "
         "else cpu)",
     )
+    model.add_argument(
+        "--load-format",
+        choices=("auto", "dummy"),
+        default="auto",
+        help="auto: the artifact's weights; dummy: seeded random weights made by the engine on "
+        "the device from the artifact's header alone (benchmarks; serves header-only "
+        "artifacts; the seed is --seed, else 0) (default: auto)",
+    )
     engine = parser.add_argument_group("engine")
     engine.add_argument(
         "--max-context",
