@@ -4,7 +4,8 @@ the real HTTP, protocol, template and output-parsing stack over a scripted engin
 The engine plays raw model text per agent turn (tests/scripted_engine.py): Qwen XML calls to
 the client's own tools, then a final answer. Each test checks what the client did (the file
 its tool wrote, the command it ran, the final text it printed) and what the engine was given
-(the tool results, rendered into the next turn's prompt).
+(the tool results, rendered into the next turn's prompt) and what the HTTP layer received (the
+client's own tool-result shape, pointing at the call id the server issued; every status).
 
 The clients come from the npm registry (tests/agent_clients.py caches them); without npm or
 the registry these tests fail, saying so. Deselect them with `-m "not agent_clients"`.
@@ -16,6 +17,7 @@ import pytest
 
 import agent_clients
 from agent_clients import API_KEY, AgentClient, ClientUnavailable, run_client
+from asgi_recorder import RecordingApp
 from ninfer.engine_types import EngineConfig
 from ninfer.prompt.builtin_templates import builtin_template
 from ninfer.server.config import AppConfig
@@ -40,10 +42,20 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def server(engine):
+def recorder():
+    return RecordingApp(None)
+
+
+@pytest.fixture(scope="module")
+def server(engine, recorder):
+    def wrap(app):
+        recorder.app = app
+        return recorder
+
     running = start_server(
         engine,
         AppConfig(api_key=API_KEY),
+        wrap=wrap,
         chat_template=builtin_template("qwen3_5"),
         model_id=MODEL,
         default_max_tokens=4096,
@@ -53,12 +65,13 @@ def server(engine):
 
 
 @pytest.fixture
-def script(engine):
-    """Set this test's turns; the prompts recorded start empty."""
+def script(engine, recorder):
+    """Set this test's turns; the prompts and exchanges recorded start empty."""
 
     def play(*turns: str) -> ScriptedEngine:
         engine.turns = list(turns)
         engine.prompts.clear()
+        recorder.exchanges.clear()
         return engine
 
     return play
@@ -87,7 +100,17 @@ def tool_result_reached(engine: ScriptedEngine, turn: int, text: str) -> None:
     assert text in results[-1], results[-1]
 
 
-def test_claude_code_writes_a_file_then_runs_a_command(server, script, tmp_path):
+def all_answered(recorder: RecordingApp) -> None:
+    failed = [(e.method, e.path, e.status) for e in recorder.exchanges if e.status != 200]
+    assert not failed, failed
+
+
+def agent_bodies(recorder: RecordingApp, path: str) -> list[dict]:
+    """The request bodies that carried tools (agent turns, not side requests)."""
+    return [body for e in recorder.posts(path) if (body := e.json()).get("tools")]
+
+
+def test_claude_code_writes_a_file_then_runs_a_command(server, script, recorder, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     target = work / "notes.txt"
@@ -108,9 +131,16 @@ def test_claude_code_writes_a_file_then_runs_a_command(server, script, tmp_path)
     assert (work / "size.txt").read_text().split()[0] == str(len(target.read_bytes()))
     tool_result_reached(engine, 1, str(target))  # "File created successfully at: ..."
     assert "notes.txt" in engine.tool_prompts()[2]  # the Bash call is in the history
+    all_answered(recorder)
+    second = agent_bodies(recorder, "/v1/messages")[1]
+    calls = [b for b in second["messages"][-2]["content"] if b["type"] == "tool_use"]
+    results = [b for b in second["messages"][-1]["content"] if b["type"] == "tool_result"]
+    assert [c["name"] for c in calls] == ["Write"]
+    assert calls[0]["input"] == {"file_path": str(target), "content": "hello from ninfer"}
+    assert [r["tool_use_id"] for r in results] == [calls[0]["id"]]
 
 
-def test_qwen_code_writes_a_file_then_runs_a_command(server, script, tmp_path):
+def test_qwen_code_writes_a_file_then_runs_a_command(server, script, recorder, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     target = work / "notes.txt"
@@ -126,9 +156,16 @@ def test_qwen_code_writes_a_file_then_runs_a_command(server, script, tmp_path):
     assert target.read_text().rstrip("\n") == "hello from ninfer"
     tool_result_reached(engine, 1, str(target))
     tool_result_reached(engine, 2, "HELLO FROM NINFER")  # the command's output came back
+    all_answered(recorder)
+    third = agent_bodies(recorder, "/v1/chat/completions")[2]
+    assert third["stream"] is True
+    calls = [c for m in third["messages"] for c in m.get("tool_calls") or []]
+    results = [m for m in third["messages"] if m["role"] == "tool"]
+    assert [c["function"]["name"] for c in calls] == ["write_file", "run_shell_command"]
+    assert [r["tool_call_id"] for r in results] == [c["id"] for c in calls]
 
 
-def test_codex_runs_commands(server, script, tmp_path):
+def test_codex_runs_commands(server, script, recorder, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     engine = script(
@@ -153,3 +190,10 @@ def test_codex_runs_commands(server, script, tmp_path):
     assert (work / "proof.txt").read_text() == "codex was here"
     tool_result_reached(engine, 1, "Process exited with code 0")
     tool_result_reached(engine, 2, "ereh saw xedoc")
+    all_answered(recorder)
+    third = agent_bodies(recorder, "/v1/responses")[2]
+    items = third["input"]
+    calls = [i for i in items if i.get("type") == "function_call"]
+    outputs = [i for i in items if i.get("type") == "function_call_output"]
+    assert [c["name"] for c in calls] == ["exec_command", "exec_command"]
+    assert [o["call_id"] for o in outputs] == [c["call_id"] for c in calls]
