@@ -191,6 +191,7 @@ async def _run(
             tolerant_tool_calls=args.tolerant_tool_calls,
             default_thinking_budget=args.default_thinking_budget,
             thinking_budget_message=args.thinking_budget_message,
+            max_output_tokens=args.max_output_tokens,
         )
         await engine.warmup()
         telemetry = Telemetry(request_log=request_log)
@@ -299,6 +300,8 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
                 capacity,
                 config.max_context,
             )
+    if served.max_output_tokens is not None:
+        log.info("output ceiling: %d tokens per request", served.max_output_tokens)
     log.info(
         "ready: serving http://%s:%d/v1 (OpenAI base URL), http://%s:%d (Anthropic base URL)",
         args.host,

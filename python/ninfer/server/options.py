@@ -356,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="output limit when a request sets none (default: 8192)",
     )
     gen.add_argument(
+        "--max-output-tokens",
+        type=_int_range(1),
+        default=None,
+        metavar="N",
+        help="cap every request's output budget at N tokens, whatever it asks for; a request "
+        "that reaches it ends with finish reason length (default: no cap)",
+    )
+    gen.add_argument(
         "--no-thinking",
         action="store_true",
         help="render prompts with thinking disabled by default (default: thinking on)",

@@ -181,7 +181,7 @@ def _max_tokens(request: ChatCompletionRequest, prompt_tokens: int, served: Serv
     if needed > ceiling:
         raise context_length_exceeded(prompt_tokens, ceiling)
     room = ceiling - prompt_tokens
-    return min(served.default_max_tokens if asked is None else asked, room)
+    return served.cap_output(min(served.default_max_tokens if asked is None else asked, room))
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:

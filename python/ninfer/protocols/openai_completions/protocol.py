@@ -119,8 +119,8 @@ def _max_tokens(asked: int | None, prompt_tokens: int, served: ServedModel) -> i
         raise context_length_exceeded(prompt_tokens, ceiling, param="prompt")
     room = ceiling - prompt_tokens
     if asked is None:
-        return min(served.default_max_tokens, room)
-    return room if asked <= 0 else min(asked, room)
+        return served.cap_output(min(served.default_max_tokens, room))
+    return served.cap_output(room if asked <= 0 else min(asked, room))
 
 
 def _reject_unsupported(request: CompletionRequest) -> None:

@@ -296,7 +296,7 @@ def _max_tokens(asked: int | None, prompt_tokens: int, served: ServedModel) -> i
     if prompt_tokens + (0 if asked == 0 else 1) > ceiling:
         raise context_length_exceeded(prompt_tokens, ceiling, param="input")
     room = ceiling - prompt_tokens
-    return min(served.default_max_tokens if asked is None else asked, room)
+    return served.cap_output(min(served.default_max_tokens if asked is None else asked, room))
 
 
 def _show(value: str, limit: int = 64) -> str:
