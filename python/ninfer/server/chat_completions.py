@@ -23,6 +23,7 @@ from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import from_decode_error
 from ninfer.server.generation import (
     fail_stream,
+    log_turn_done,
     no_final_event,
     raise_if_failed,
     report_turn,
@@ -68,7 +69,16 @@ async def chat_completions(
     final, disconnected = await run_generation(
         request, served, inflight, lowered.generation, respond, shape=shape
     )
-    _log_done(request, lowered, results[0] if results else None, final, disconnected, started)
+    log_turn_done(
+        request,
+        "chat",
+        results[0] if results else None,
+        final,
+        disconnected,
+        started,
+        lowered.stream,
+        f"effort {lowered.prompt.options.requested_effort or '-'}",
+    )
 
 
 async def _aggregate(
@@ -162,7 +172,6 @@ async def _stream(
         return None
 
 
-
 def _progress(total: int, processed: int, turn: TurnDecoder) -> dict[str, Any]:
     """One prompt_progress observation: `processed` counts the reused prefix, so the first
     event has processed == cache and the last processed == total."""
@@ -237,34 +246,3 @@ def _observe_constraint(body: dict[str, Any], lowered: LoweredChat, result: Turn
         lowered.constraint, has_calls=bool(result.tool_calls), has_content=bool(result.content)
     )
     body["constraint"] = observation(result.event.constraint, branch=branch)
-
-
-def _log_done(
-    request: HttpRequest,
-    lowered: LoweredChat,
-    result: TurnResult | None,
-    final: EngineEvent | None,
-    disconnected: bool,
-    started: float,
-) -> None:
-    elapsed_ms = (time.perf_counter() - started) * 1000.0
-    if final is None or result is None or disconnected:
-        outcome = "client disconnected" if disconnected else "failed"
-        log.debug("%s chat %s after %.0f ms", request.request_id, outcome, elapsed_ms)
-        return
-    report = result.report.as_dict() if result.report is not None else None
-    log.debug(  # the request's info record is the telemetry's req#N line
-        "%s chat done: prompt %d (cache %d), completion %d (reasoning %d), finish %s, "
-        "tool calls %d, effort %s, %s, %.0f ms%s",
-        request.request_id,
-        result.usage.prompt_tokens,
-        result.usage.cached_tokens,
-        result.usage.completion_tokens,
-        result.usage.reasoning_tokens,
-        result.finish_reason,
-        len(result.tool_calls),
-        lowered.prompt.options.requested_effort or "-",
-        "stream" if lowered.stream else "aggregate",
-        elapsed_ms,
-        f", tool_call_parse {report}" if report else "",
-    )

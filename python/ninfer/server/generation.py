@@ -9,6 +9,7 @@ how it answers.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -175,3 +176,40 @@ async def fail_stream(
     error = stream_failure(request, exc, watcher)
     if error is not None:
         await sse.fail(error.body())
+
+
+def log_turn_done(
+    request: HttpRequest,
+    protocol: str,
+    result: Any,
+    final: EngineEvent | None,
+    disconnected: bool,
+    started: float,
+    stream: bool,
+    details: str,
+) -> None:
+    """The debug line of a finished generation, for every protocol (the request's info
+    record is the telemetry's req#N line); `details` is the protocol's own part."""
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    if final is None or result is None or disconnected:
+        outcome = "client disconnected" if disconnected else "failed"
+        log.debug("%s %s %s after %.0f ms", request.request_id, protocol, outcome, elapsed_ms)
+        return
+    report = result.report.as_dict() if result.report is not None else None
+    usage = result.usage
+    log.debug(
+        "%s %s done: prompt %d (cache %d), completion %d (reasoning %d), finish %s, "
+        "tool calls %d, %s, %s, %.0f ms%s",
+        request.request_id,
+        protocol,
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.completion_tokens,
+        usage.reasoning_tokens,
+        result.finish_reason,
+        len(result.tool_calls),
+        details,
+        "stream" if stream else "aggregate",
+        elapsed_ms,
+        f", tool_call_parse {report}" if report else "",
+    )

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 from ninfer.engine_types import EngineEvent
 from ninfer.outputs.channels import ChannelDelta
 from ninfer.protocols.openai_responses.items import compaction_not_supported
-from ninfer.protocols.openai_responses.lowering import LoweredResponse, lower_create, prepare_prompt
+from ninfer.protocols.openai_responses.lowering import lower_create, prepare_prompt
 from ninfer.protocols.openai_responses.protocol import decode_create, decode_input_tokens
 from ninfer.protocols.openai_responses.render import OutputStream, ResponseBuilder
 from ninfer.protocols.openai_responses.store import (
@@ -26,6 +26,7 @@ from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import ApiError, invalid, unsupported
 from ninfer.server.generation import (
+    log_turn_done,
     no_final_event,
     raise_if_failed,
     report_turn,
@@ -77,7 +78,17 @@ async def create_response(
     final, disconnected = await run_generation(
         request, served, inflight, lowered.generation, respond, shape=shape
     )
-    _log_done(request, lowered, results[0] if results else None, final, disconnected, started)
+    log_turn_done(
+        request,
+        "responses",
+        results[0] if results else None,
+        final,
+        disconnected,
+        started,
+        lowered.stream,
+        f"effort {lowered.prompt.options.requested_effort or '-'}, "
+        f"store {'on' if lowered.store else 'off'}",
+    )
 
 
 def _store_result(store: ResponseStore, builder: ResponseBuilder, response: dict[str, Any]) -> None:
@@ -295,33 +306,4 @@ async def count_input_tokens(
     prepared = prepare_prompt(decode_input_tokens(body), served, store, request.request_id)
     await request.send_json(
         200, {"object": "response.input_tokens", "input_tokens": len(prepared.prompt.ids)}
-    )
-
-
-def _log_done(
-    request: HttpRequest,
-    lowered: LoweredResponse,
-    result: TurnResult | None,
-    final: EngineEvent | None,
-    disconnected: bool,
-    started: float,
-) -> None:
-    elapsed_ms = (time.perf_counter() - started) * 1000.0
-    if final is None or result is None or disconnected:
-        outcome = "client disconnected" if disconnected else "failed"
-        log.debug("%s responses %s after %.0f ms", request.request_id, outcome, elapsed_ms)
-        return
-    log.debug(  # the request's info record is the telemetry's req#N line
-        "%s responses done: prompt %d, completion %d (reasoning %d), finish %s, tool calls %d, "
-        "effort %s, store %s, %s, %.0f ms",
-        request.request_id,
-        result.usage.prompt_tokens,
-        result.usage.completion_tokens,
-        result.usage.reasoning_tokens,
-        result.finish_reason,
-        len(result.tool_calls),
-        lowered.prompt.options.requested_effort or "-",
-        "on" if lowered.store else "off",
-        "stream" if lowered.stream else "aggregate",
-        elapsed_ms,
     )
