@@ -63,5 +63,6 @@ def open_engine(tmp_path_factory: Any) -> Any:
     return AsyncEngine.open(path, config)
 
 
-def start_constrained_server(tmp_path_factory: Any, **kwargs: Any) -> Any:
-    return start_server(open_engine(tmp_path_factory), default_max_tokens=96, **kwargs)
+def start_constrained_server(tmp_path_factory: Any, engine: Any = None, **kwargs: Any) -> Any:
+    engine = engine if engine is not None else open_engine(tmp_path_factory)
+    return start_server(engine, default_max_tokens=96, **kwargs)

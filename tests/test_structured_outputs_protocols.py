@@ -20,8 +20,12 @@ from constraint_cases import (
     TOOL_PARAMETERS,
     VOCAB_ROWS,
     WEATHER_PARAMETERS,
+    open_engine,
     start_constrained_server,
 )
+from metrics_scrape import scrape, wait_for
+from ninfer.server.request_log import RequestLog
+from ninfer.server.telemetry import Telemetry
 
 pytest.importorskip("ninfer._core")
 jsonschema = pytest.importorskip("jsonschema")
@@ -42,7 +46,13 @@ ANTHROPIC_TOOLS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    running = start_constrained_server(tmp_path_factory)
+    engine = open_engine(tmp_path_factory)
+    vocabulary = engine.prepare_grammars()  # as ninfer-serve does at load
+    log_path = tmp_path_factory.mktemp("log") / "requests.jsonl"
+    telemetry = Telemetry(request_log=RequestLog(log_path))
+    running = start_constrained_server(tmp_path_factory, engine, telemetry=telemetry)
+    running.log_path = log_path
+    running.vocabulary = vocabulary
     yield running
     running.stop()
 
@@ -78,6 +88,60 @@ def check_observation(observed, *, tokens, branch):
     assert observed["mask_upload_bytes"] == tokens * 4 * (VOCAB_ROWS // 32)
     assert set(observed["timings_seconds"]) == {"prepare", "mask", "matcher"}
     assert observed["cache"] in ("hit", "built", "waited")
+
+
+# --- start-up, metrics and the request log -------------------------------------------------
+
+
+def test_grammar_vocabulary_is_built_at_load(server):
+    # The fixture started the build before serving (as ninfer-serve does); it finishes once,
+    # so the first constrained request compiles only its own grammar.
+    server.vocabulary.join(timeout=120)
+    built = server.engine.grammar_vocabulary_seconds
+    assert built is not None and built > 0
+    again = server.engine._core.prepare_grammars()  # already built: a lookup, not a rebuild
+    assert again < built / 10
+
+
+def _done_records(server):
+    lines = server.log_path.read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == "request_done"]
+
+
+def test_constraint_metrics_and_request_done(server, oai):
+    before = scrape(server.base_url)
+    response = respond(oai, extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+    observed = response.model_extra["constraint"]
+    metric = "ninfer_constraint_requests_total"
+
+    def settled(after):
+        return sum(after.value(metric, outcome=o) for o in ("terminated", "complete",
+                                                            "incomplete"))  # fmt: skip
+
+    wait_for(lambda: settled(scrape(server.base_url)) >= settled(before) + 1)
+    after = scrape(server.base_url)
+    assert (
+        after.value(metric, outcome="terminated") == before.value(metric, outcome="terminated") + 1
+    )
+    cache = "ninfer_constraint_cache_total"
+    assert (
+        after.value(cache, result=observed["cache"])
+        == before.value(cache, result=observed["cache"]) + 1
+    )
+    for name, key in (
+        ("mask_positions", "mask_positions"),
+        ("mask_upload_bytes", "mask_upload_bytes"),
+    ):
+        total = f"ninfer_constraint_{name}_total"
+        assert after.value(total) - before.value(total) == observed[key]
+    for part in ("prepare", "mask", "matcher"):
+        assert after.value(f"ninfer_constraint_{part}_seconds_total") >= before.value(
+            f"ninfer_constraint_{part}_seconds_total"
+        )  # fmt: skip
+
+    wait_for(lambda: any(r.get("constraint") == observed for r in _done_records(server)))
+    respond(oai, max_output_tokens=2)  # unconstrained: request_done.constraint is null
+    wait_for(lambda: _done_records(server)[-1]["constraint"] is None)
 
 
 # --- Responses ----------------------------------------------------------------------------

@@ -98,7 +98,7 @@ async def _aggregate(
             raise_if_failed(event)
             _, result = turn.finish(event)
             results.append(result)
-            report_turn(handle, result)
+            report_turn(handle, result, turn_observation(lowered.constraint, result))
             timings = render.llama_timings(
                 result.timings,
                 result.usage.prompt_tokens,
@@ -159,7 +159,7 @@ async def _stream(
                     raise_if_failed(event)
                     tail, result = turn.finish(event)
                     results.append(result)
-                    report_turn(handle, result)
+                    report_turn(handle, result, turn_observation(lowered.constraint, result))
                     await _send_delta(sse, renderer, lowered, turn, tail)
                     await _send_stream_end(
                         sse, renderer, lowered, result, config.usage_chunk_choice

@@ -176,6 +176,7 @@ async def _run(
         engine = AsyncEngine.open(str(artifact), config)
     except Exception as exc:  # a bad file or an unavailable device: say which, then exit
         raise ModelSetupError(f"cannot load {artifact}: {exc}") from exc
+    engine.prepare_grammars()  # in the background, overlapping the rest of start-up
     try:
         served = load_served_model(
             engine,
