@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Literal
 
 import anthropic
 import httpx
@@ -308,6 +309,20 @@ def test_messages_json_schema_validates_and_stream_agrees(claude):
     assert streamed == _text(reply)
     observed = [e.type for e in events if (e.model_extra or {}).get("constraint")]
     assert observed == ["message_delta"]
+
+
+def test_messages_parse_with_a_pydantic_model(claude):
+    # The SDK turns the model into output_config.format (bounds it cannot send move into
+    # descriptions, so the fields here have none) and validates the answer on its side.
+    class Pet(pydantic.BaseModel):
+        kind: Literal["cat", "dog"]
+        indoor: bool
+
+    reply = claude.messages.parse(
+        model=MODEL, max_tokens=48, messages=[{"role": "user", "content": "A pet."}],
+        thinking=NO_THINKING, output_format=Pet, extra_body={"temperature": 0},
+    )  # fmt: skip
+    assert isinstance(reply.parsed_output, Pet), reply.content
 
 
 def test_messages_structured_outputs_choice(claude):
