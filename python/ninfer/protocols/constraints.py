@@ -641,6 +641,8 @@ def plan_turn_constraint(
 ) -> GrammarSpec | None:
     """A protocol's parsed constraints -> the turn's grammar (None: free generation), with
     where it starts set on `generation`. Every protocol ends its lowering here."""
+    if policy is not None and policy.active and prompt.decoder.tools is None:
+        policy = _without_tool_markup(policy)
     spec = lower_constraints(
         output, policy, stop_strings=generation.stop_strings, stop_param=stop_param
     )
@@ -654,6 +656,18 @@ def plan_turn_constraint(
         prefill=conversation.messages[-1].content if prompt.is_prefill else "",
         thinking_param=thinking_param,
     )
+
+
+def _without_tool_markup(policy: ToolPolicy) -> None:
+    """The chat template has no tool-call markup (a model outside the Qwen family): no call
+    can be framed or parsed, so tools stay in the prompt but generation is free, and a turn
+    that must call a tool cannot be served."""
+    if policy.choice in ("required", "named"):
+        raise unsupported(
+            policy.param,
+            "this model's chat template has no tool-call format, so a call cannot be required",
+        )
+    return None
 
 
 async def attach_constraint(
