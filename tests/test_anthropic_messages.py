@@ -495,9 +495,9 @@ BAD_REQUESTS = {
         None,
     ),
     "output format": (
-        {"extra_body": {"output_config": {"format": {"type": "json_schema", "schema": {}}}}},
-        "output_config.format",
-        "unsupported_parameter",
+        {"extra_body": {"output_config": {"format": {"type": "json_object"}}}},
+        "output_config.format.type",
+        "invalid_value",
     ),
     "mcp servers": (
         {"extra_body": {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}},

@@ -39,6 +39,13 @@ FAMILIES = (
     "ninfer_request_duration_seconds",
     "ninfer_request_queue_seconds",
     "ninfer_engine_ready",
+    "ninfer_constraint_requests",
+    "ninfer_constraint_cache",
+    "ninfer_constraint_mask_positions",
+    "ninfer_constraint_mask_upload_bytes",
+    "ninfer_constraint_prepare_seconds",
+    "ninfer_constraint_mask_seconds",
+    "ninfer_constraint_matcher_seconds",
 )
 
 
@@ -79,7 +86,7 @@ def test_families_identity_and_limits(server):
     for family in metrics.families.values():  # bounded labels: never a request id or text
         for sample in family.samples:
             assert set(sample.labels) <= {"model", "architecture", "weight_format", "backend",
-                                          "outcome", "le"}  # fmt: skip
+                                          "outcome", "result", "le"}  # fmt: skip
 
 
 def test_metrics_require_the_api_key(server):

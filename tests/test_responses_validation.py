@@ -67,7 +67,11 @@ CASES = [
         "chat_template_kwargs.preserve_thinking",
     ),
     ({"chat_template_kwargs": {"messages": []}}, "invalid_value", "chat_template_kwargs.messages"),
-    ({"text": {"format": {"type": "json_object"}}}, "unsupported_parameter", "text.format"),
+    (
+        {"text": {"format": {"type": "json_schema", "name": "x"}}},
+        "invalid_value",
+        "text.format.schema",
+    ),  # fmt: skip
     ({"text": {"format": {"type": "yaml"}}}, "invalid_value", "text.format.type"),
     ({"text": {"verbosity": "high"}}, "unsupported_parameter", "text.verbosity"),
     ({"truncation": "auto"}, "unsupported_parameter", "truncation"),

@@ -81,6 +81,14 @@ def test_malformed_json(server):
             "tools[0].function.name",
         ),
         ({"response_format": {"type": "json_object"}}, "unsupported_parameter", "response_format"),
+        (  # this template has no tool-call markup, so no call can be required of the model
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": "required",
+            },
+            "unsupported_parameter",
+            "tool_choice",
+        ),
         (
             {
                 "messages": [

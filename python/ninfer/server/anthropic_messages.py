@@ -24,6 +24,7 @@ from ninfer.protocols.anthropic_messages.lowering import (
 )
 from ninfer.protocols.anthropic_messages.protocol import decode_request
 from ninfer.protocols.anthropic_messages.render import BlockStream, Event, MessageRenderer
+from ninfer.protocols.constraints import attach_constraint, turn_observation
 from ninfer.protocols.served_model import ServedModel
 from ninfer.protocols.turn import TurnDecoder, TurnResult, TurnUsage
 from ninfer.server.anthropic_errors import anthropic_error
@@ -94,6 +95,9 @@ async def messages(
     inflight.check_open()
     body = await request.read_body(config.max_request_bytes)
     lowered = lower_messages_request(_decode(body), served)
+    lowered.constraint = await attach_constraint(
+        served.engine, lowered.constraint, lowered.generation
+    )
     started = time.perf_counter()
     renderer = MessageRenderer(lowered)
     results: list[TurnResult] = []
@@ -136,7 +140,7 @@ async def _aggregate(
             raise_if_failed(event)
             _, result = turn.finish(event)
             results.append(result)
-            report_turn(handle, result)
+            report_turn(handle, result, turn_observation(lowered.constraint, result))
             await request.send_json(200, renderer.aggregate(result))
             return event
     raise no_final_event()
@@ -177,7 +181,7 @@ async def _stream(
                     raise_if_failed(event)
                     tail, result = turn.finish(event)
                     results.append(result)
-                    report_turn(handle, result)
+                    report_turn(handle, result, turn_observation(lowered.constraint, result))
                     await send(blocks.finish(tail, result) + renderer.message_end(result))
                     await sse.close()
                     return event

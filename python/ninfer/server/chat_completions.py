@@ -11,7 +11,7 @@ import msgspec
 
 from ninfer.engine_types import EngineEvent
 from ninfer.outputs.channels import ChannelDelta
-from ninfer.protocols.constraints import compile_constraint, observation, observed_branch
+from ninfer.protocols.constraints import attach_constraint, turn_observation
 from ninfer.protocols.openai_chat import render
 from ninfer.protocols.openai_chat.lowering import LoweredChat, lower_chat_request
 from ninfer.protocols.openai_chat.protocol import decode_request
@@ -48,10 +48,9 @@ async def chat_completions(
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from None
     lowered = lower_chat_request(parsed, served)
-    if lowered.constraint is not None:
-        lowered.generation.constraint = await compile_constraint(served.engine, lowered.constraint)
-        if lowered.generation.constraint is None:  # optional and not enforceable here
-            lowered.constraint = None
+    lowered.constraint = await attach_constraint(
+        served.engine, lowered.constraint, lowered.generation
+    )
     started = time.perf_counter()
     renderer = ChatRenderer(served.public_id)
     results: list[TurnResult] = []
@@ -99,7 +98,7 @@ async def _aggregate(
             raise_if_failed(event)
             _, result = turn.finish(event)
             results.append(result)
-            report_turn(handle, result)
+            report_turn(handle, result, turn_observation(lowered.constraint, result))
             timings = render.llama_timings(
                 result.timings,
                 result.usage.prompt_tokens,
@@ -160,7 +159,7 @@ async def _stream(
                     raise_if_failed(event)
                     tail, result = turn.finish(event)
                     results.append(result)
-                    report_turn(handle, result)
+                    report_turn(handle, result, turn_observation(lowered.constraint, result))
                     await _send_delta(sse, renderer, lowered, turn, tail)
                     await _send_stream_end(
                         sse, renderer, lowered, result, config.usage_chunk_choice
@@ -240,9 +239,6 @@ async def _send_stream_end(
 
 def _observe_constraint(body: dict[str, Any], lowered: LoweredChat, result: TurnResult) -> None:
     """The constraint observation, once per response (aggregate body or last chunk)."""
-    if lowered.constraint is None:
-        return
-    branch = observed_branch(
-        lowered.constraint, has_calls=bool(result.tool_calls), has_content=bool(result.content)
-    )
-    body["constraint"] = observation(result.event.constraint, branch=branch)
+    observed = turn_observation(lowered.constraint, result)
+    if observed is not None:
+        body["constraint"] = observed

@@ -176,6 +176,11 @@ async def _run(
         engine = AsyncEngine.open(str(artifact), config)
     except Exception as exc:  # a bad file or an unavailable device: say which, then exit
         raise ModelSetupError(f"cannot load {artifact}: {exc}") from exc
+    # The grammar vocabulary builds in the background, overlapping the rest of start-up (an
+    # engine without grammar support, such as a test double, has nothing to build).
+    prepare_grammars = getattr(engine, "prepare_grammars", None)
+    if prepare_grammars is not None:
+        prepare_grammars()
     try:
         served = load_served_model(
             engine,

@@ -103,10 +103,12 @@ class _ServedHandle:
         return getattr(self._handle, name)
 
 
-def report_turn(handle: Any, turn: Any) -> None:
-    """A protocol's decoded turn, for the request's done record (tool-call diagnostics)."""
+def report_turn(handle: Any, turn: Any, constraint: dict[str, Any] | None = None) -> None:
+    """A protocol's decoded turn, for the request's done record (tool-call diagnostics), and
+    the constraint observation its response carries (None when unconstrained)."""
     if isinstance(handle, ObservedHandle):
         handle.record.turn = turn
+        handle.record.constraint = constraint
 
 
 async def wait_for_lane(handle: Any, watcher: DisconnectWatcher) -> None:

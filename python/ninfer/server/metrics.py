@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
@@ -83,6 +83,64 @@ class RequestHistograms:
             buckets=QUEUE_BUCKETS,
             registry=registry,
         )
+
+
+CONSTRAINT_OUTCOMES = ("terminated", "complete", "incomplete")
+CONSTRAINT_CACHE_RESULTS = ("hit", "built", "waited")
+
+
+class ConstraintCounters:
+    """Grammar-constraint work of settled requests (completed or cancelled), added once per
+    request from the matcher's counters on its final event."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, text: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, text, labelnames=labels, registry=registry)
+
+        self.requests = counter(
+            "ninfer_constraint_requests",
+            "Settled constrained requests by completion state: terminated (the grammar "
+            "accepted EOS), complete (it could end but did not), incomplete (cut inside it)",
+            ("outcome",),
+        )
+        self.cache = counter(
+            "ninfer_constraint_cache",
+            "Compiled-grammar cache accesses of settled constrained requests",
+            ("result",),
+        )
+        for outcome in CONSTRAINT_OUTCOMES:
+            self.requests.labels(outcome)
+        for result in CONSTRAINT_CACHE_RESULTS:
+            self.cache.labels(result)
+        self.prepare_seconds = counter(
+            "ninfer_constraint_prepare_seconds", "Grammar compile, cache lookup or wait time"
+        )
+        self.mask_seconds = counter(
+            "ninfer_constraint_mask_seconds", "CPU time filling next-token masks"
+        )
+        self.matcher_seconds = counter(
+            "ninfer_constraint_matcher_seconds", "Time advancing matchers over committed tokens"
+        )
+        self.mask_positions = counter(
+            "ninfer_constraint_mask_positions", "Output positions sampled under a mask"
+        )
+        self.mask_upload_bytes = counter(
+            "ninfer_constraint_mask_upload_bytes", "Packed mask bytes handed to the sampler"
+        )
+
+    def observe(self, stats: Mapping[str, Any]) -> None:
+        if stats.get("terminated"):
+            outcome = "terminated"
+        else:
+            outcome = "complete" if stats.get("complete") else "incomplete"
+        self.requests.labels(outcome).inc()
+        result = stats.get("cache", "built")
+        self.cache.labels(result if result in CONSTRAINT_CACHE_RESULTS else "built").inc()
+        self.prepare_seconds.inc(max(0.0, float(stats.get("prepare_seconds", 0.0))))
+        self.mask_seconds.inc(max(0.0, float(stats.get("mask_seconds", 0.0))))
+        self.matcher_seconds.inc(max(0.0, float(stats.get("matcher_seconds", 0.0))))
+        self.mask_positions.inc(max(0, int(stats.get("mask_positions", 0))))
+        self.mask_upload_bytes.inc(max(0, int(stats.get("mask_upload_bytes", 0))))
 
 
 class _EngineCollector:
@@ -157,6 +215,7 @@ class ServerMetrics:
     def __init__(self, engine: Any, identity: Mapping[str, str]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.histograms = RequestHistograms(self.registry)
+        self.constraints = ConstraintCounters(self.registry)
         self.response_failures = 0
         self.registry.register(_EngineCollector(engine, identity, self))  # type: ignore[arg-type]
 

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs
 
 from ninfer.engine_types import EngineEvent
 from ninfer.outputs.channels import ChannelDelta
+from ninfer.protocols.constraints import attach_constraint, turn_observation
 from ninfer.protocols.openai_responses.items import compaction_not_supported
 from ninfer.protocols.openai_responses.lowering import lower_create, prepare_prompt
 from ninfer.protocols.openai_responses.protocol import decode_create, decode_input_tokens
@@ -60,6 +61,9 @@ async def create_response(
     inflight.check_open()
     body = await request.read_body(config.max_request_bytes)
     lowered = lower_create(decode_create(body), served, store, request.request_id)
+    lowered.constraint = await attach_constraint(
+        served.engine, lowered.constraint, lowered.generation
+    )
     started = time.perf_counter()
     builder = ResponseBuilder(lowered, served.public_id)
     results: list[TurnResult] = []
@@ -127,13 +131,13 @@ async def _aggregate(
         raise_if_failed(event)
         _, result = turn.finish(event)
         results.append(result)
-        report_turn(handle, result)
+        report_turn(handle, result, turn_observation(lowered.constraint, result))
         output = OutputStream(lowered, lowered.prepared.tools)
         output.reasoning(result.reasoning)
         output.close_reasoning()
         output.content(result.content)
         status = output.finish(result)
-        response = builder.response(status, output.items, result.usage)
+        response = _terminal(builder, status, output, result)
         _store_result(store, builder, response)
         await request.send_json(200, response)
         return event
@@ -169,10 +173,10 @@ async def _stream(
                     raise_if_failed(event)
                     tail, result = turn.finish(event)
                     results.append(result)
-                    report_turn(handle, result)
+                    report_turn(handle, result, turn_observation(lowered.constraint, result))
                     _apply(output, turn, tail)
                     status = output.finish(result)
-                    response = builder.response(status, output.items, result.usage)
+                    response = _terminal(builder, status, output, result)
                     _store_result(store, builder, response)
                     output.emit(f"response.{status}", response=response)
                     await _flush(sse, output)
@@ -183,6 +187,17 @@ async def _stream(
     except Exception as exc:
         await _fail_stream(request, sse, output, builder, exc, watcher)
         return None
+
+
+def _terminal(
+    builder: ResponseBuilder, status: str, output: OutputStream, result: TurnResult
+) -> dict[str, Any]:
+    """The terminal Response object; a constrained one carries the constraint observation."""
+    response = builder.response(status, output.items, result.usage)
+    observed = turn_observation(builder.lowered.constraint, result)
+    if observed is not None:
+        response["constraint"] = observed
+    return response
 
 
 def _apply(output: OutputStream, turn: TurnDecoder, delta: ChannelDelta) -> None:

@@ -59,6 +59,7 @@ class RequestRecord:
     admission_error: Exception | None = None
     generated_token_ids: list[int] = field(default_factory=list)
     turn: Any = None  # the protocol's TurnResult, when it reported one
+    constraint: dict[str, Any] | None = None  # the constraint observation the response carried
 
 
 class ObservedHandle:
@@ -248,6 +249,10 @@ class Telemetry:
         now = time.perf_counter()
         final = record.final
         reason = final.finish_reason if final is not None else None
+        if self.metrics is not None and reason in ("stop", "length", "cancelled"):
+            stats = getattr(final, "constraint", None)
+            if stats is not None:  # settled constrained work, truncated or cancelled included
+                self.metrics.constraints.observe(stats)
         if reason in ("stop", "length") and not response_failed:
             self._done(record, final, now)
         elif reason in ("stop", "length"):  # generated, but the answer itself failed
@@ -327,6 +332,7 @@ class Telemetry:
             reasoning_tokens=getattr(usage, "reasoning_tokens", None),
             prefix_reuse="hybrid_snapshot" if cached else "none",
             tool_call_parse=report.as_dict() if report is not None else None,
+            constraint=record.constraint,
             timings_seconds={
                 "prepare": record.submitted - record.received,
                 "queue": queue_s,

@@ -14,7 +14,21 @@ from ninfer.prompt.template_options import TemplateOptions
 from ninfer.protocols.anthropic_messages.cache_control import CacheBreakpoints
 from ninfer.protocols.anthropic_messages.history import lower_history, lower_system
 from ninfer.protocols.anthropic_messages.protocol import MessagesRequest
-from ninfer.protocols.anthropic_messages.tools import ToolSelection, parse_tools, select_tools
+from ninfer.protocols.anthropic_messages.tools import (
+    ToolSelection,
+    parse_tools,
+    select_tools,
+    tool_policy,
+)
+from ninfer.protocols.constraints import (
+    GrammarSpec,
+    OutputConstraint,
+    check_tool_constraints,
+    parse_response_format,
+    parse_structured_outputs,
+    plan_turn_constraint,
+    single_output_constraint,
+)
 from ninfer.protocols.conversation import (
     Conversation,
     RenderedPrompt,
@@ -57,6 +71,7 @@ class LoweredMessages:
     single_call: bool
     room: int  # output tokens the context ceiling leaves
     asked_tokens: int
+    constraint: GrammarSpec | None = None  # compiled into generation.constraint before submit
 
     @property
     def prompt_tokens(self) -> int:
@@ -96,10 +111,6 @@ def parse_thinking(thinking: dict[str, Any] | None) -> ThinkingRequest:
 def _effort(output_config: dict[str, Any] | None, thinking: ThinkingRequest) -> str | None:
     if output_config is None:
         return None
-    if output_config.get("format") is not None:
-        raise unsupported(
-            "output_config.format", "JSON Schema output is not available in this build"
-        )
     effort = output_config.get("effort")
     if effort is not None and effort not in _EFFORTS:
         raise invalid(
@@ -114,8 +125,6 @@ def _reject_unsupported(request: MessagesRequest) -> None:
         raise unsupported("container", "code-execution containers are not available")
     if request.mcp_servers:
         raise unsupported("mcp_servers", "remote MCP servers need an MCP client")
-    if request.structured_outputs is not None:
-        raise unsupported("structured_outputs", "constrained output is not available in this build")
 
 
 def messages_conversation(request: MessagesRequest) -> MessagesConversation:
@@ -199,7 +208,49 @@ def lower_messages_request(request: MessagesRequest, served: ServedModel) -> Low
         single_call=lowered.tools.single_call,
         room=room,
         asked_tokens=asked,
+        constraint=_constraint(request, lowered, generation, prompt, served),
     )
+
+
+def _constraint(
+    request: MessagesRequest,
+    lowered: MessagesConversation,
+    generation: GenerationRequest,
+    prompt: RenderedPrompt,
+    served: ServedModel,
+) -> GrammarSpec | None:
+    """output_config.format / structured_outputs and tool_choice through the shared lowering."""
+    mode = check_tool_constraints(request.tool_constraints)
+    output = single_output_constraint(
+        _output_format(request.output_config), parse_structured_outputs(request.structured_outputs)
+    )
+    tools = lowered.conversation.tools
+    policy = tool_policy(request.tool_choice, tools, mode) if tools else None
+    return plan_turn_constraint(
+        output,
+        policy,
+        generation,
+        prompt,
+        lowered.conversation,
+        served.engine.tokenizer,
+        stop_param="stop_sequences",
+        thinking_param="thinking.type",
+    )
+
+
+def _output_format(output_config: dict[str, Any] | None) -> OutputConstraint | None:
+    """output_config.format: Messages knows one format, `json_schema` with a flat `schema`."""
+    fmt = (output_config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise invalid("`format` must be an object", "output_config.format", "invalid_type")
+    if fmt.get("type") != "json_schema":
+        shown = str(fmt.get("type")).encode("ascii", "backslashreplace").decode()[:64]
+        raise invalid(
+            f"format type must be `json_schema`, got `{shown}`", "output_config.format.type"
+        )
+    return parse_response_format(fmt, "output_config.format", nested=False)
 
 
 def _stop_sequences(stops: list[str] | None) -> list[str]:

@@ -49,6 +49,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     preserve_thinking: bool | None = None
     structured_outputs: Any = None
+    tool_constraints: str | None = None
 
 
 def decode_request(body: bytes) -> MessagesRequest:

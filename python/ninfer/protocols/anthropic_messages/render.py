@@ -18,6 +18,7 @@ from typing import Any
 from ninfer.outputs.channels import ChannelDelta, ToolCall
 from ninfer.protocols.anthropic_messages import signature
 from ninfer.protocols.anthropic_messages.lowering import LoweredMessages
+from ninfer.protocols.constraints import turn_observation
 from ninfer.protocols.turn import TurnResult, TurnUsage
 
 Event = tuple[str, dict[str, Any]]
@@ -100,7 +101,14 @@ class MessageRenderer:
         body = self._envelope(content)
         body["stop_reason"], body["stop_sequence"] = stop_reason(result, self.lowered)
         body["usage"] = usage(result.usage)
+        self._observe(body, result)
         return body
+
+    def _observe(self, body: dict[str, Any], result: TurnResult) -> None:
+        """A constrained turn's observation: the aggregate body or the message_delta event."""
+        observed = turn_observation(self.lowered.constraint, result)
+        if observed is not None:
+            body["constraint"] = observed
 
     def _thinking_block(self, reasoning: str, *, signed: bool) -> dict[str, Any]:
         visible = "" if self.lowered.thinking.omitted else reasoning
@@ -124,6 +132,7 @@ class MessageRenderer:
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
             "usage": usage(result.usage),
         }
+        self._observe(delta, result)
         return [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
 
 

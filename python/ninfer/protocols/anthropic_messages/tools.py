@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.protocols.anthropic_messages.cache_control import CacheBreakpoints
+from ninfer.protocols.constraints import ToolPolicy
 from ninfer.protocols.conversation import ToolDefinition
 from ninfer.server.errors import invalid, unsupported
 
@@ -115,3 +116,22 @@ def select_tools(choice: dict[str, Any] | None, tools: list[ToolDefinition]) -> 
             )
         return ToolSelection({name}, single)
     return ToolSelection(set(names) if names else None, single)
+
+
+def tool_policy(
+    choice: dict[str, Any] | None, tools: list[ToolDefinition], mode: str
+) -> ToolPolicy:
+    """tool_choice (already checked by select_tools) as the shared ToolPolicy: `any` is one or
+    more calls, a named tool one or more calls to it, disable_parallel_tool_use at most one."""
+    kind = (choice or {}).get("type", "auto")
+    common: dict[str, Any] = {
+        "tools": tools,
+        "parallel": not (choice or {}).get("disable_parallel_tool_use", False),
+        "constraints": mode,
+        "schema_params": {t.name: f"tools[{i}].input_schema" for i, t in enumerate(tools)},
+    }
+    if kind == "any":
+        return ToolPolicy(choice="required", **common)
+    if kind == "tool":
+        return ToolPolicy(choice="required", allowed=frozenset({choice["name"]}), **common)
+    return ToolPolicy(choice=kind, **common)

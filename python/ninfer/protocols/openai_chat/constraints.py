@@ -9,13 +9,12 @@ from ninfer.protocols.constraints import (
     GrammarSpec,
     OutputConstraint,
     ToolPolicy,
-    bind_to_generation,
-    lower_constraints,
+    check_tool_constraints,
+    plan_turn_constraint,
 )
-from ninfer.protocols.conversation import RenderedPrompt, ToolDefinition
+from ninfer.protocols.conversation import Conversation, RenderedPrompt, ToolDefinition
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
 from ninfer.protocols.served_model import ServedModel
-from ninfer.server.errors import invalid
 
 
 def chat_tool_policy(request: ChatCompletionRequest, tools: list[ToolDefinition]) -> ToolPolicy:
@@ -40,31 +39,16 @@ def chat_tool_policy(request: ChatCompletionRequest, tools: list[ToolDefinition]
 
 def chat_constraint(
     request: ChatCompletionRequest,
-    tools: list[ToolDefinition],
+    conversation: Conversation,
     output: OutputConstraint | None,
     generation: GenerationRequest,
     served: ServedModel,
     prompt: RenderedPrompt,
 ) -> GrammarSpec | None:
     """The turn's grammar (None: free generation); sets where it starts on `generation`."""
-    if request.tool_constraints not in (None, "basic", "auto"):
-        raise invalid("`tool_constraints` must be `basic` or `auto`", "tool_constraints")
+    check_tool_constraints(request.tool_constraints)
+    tools = conversation.tools
     policy = chat_tool_policy(request, tools) if tools else None
-    spec = lower_constraints(output, policy, stop_strings=generation.stop_strings)
-    if spec is None:
-        return None
-    return bind_to_generation(
-        spec,
-        generation,
-        thinking_on=prompt.thinking_on,
-        tokenizer=served.engine.tokenizer,
-        prefill=_prefill_text(request) if prompt.is_prefill else "",
+    return plan_turn_constraint(
+        output, policy, generation, prompt, conversation, served.engine.tokenizer
     )
-
-
-def _prefill_text(request: ChatCompletionRequest) -> str:
-    """The final assistant message's text, which generation continues."""
-    content = request.messages[-1].content
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(part.text or part.refusal or "" for part in content)

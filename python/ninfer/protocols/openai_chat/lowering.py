@@ -105,7 +105,7 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         parse_response_format(request.response_format, "response_format", nested=True),
         parse_structured_outputs(request.structured_outputs),
     )
-    constraint = chat_constraint(request, conversation.tools, output, generation, served, prompt)
+    constraint = chat_constraint(request, conversation, output, generation, served, prompt)
     stream = bool(request.stream)
     return LoweredChat(
         generation,

@@ -13,6 +13,14 @@ from typing import Any
 
 from ninfer.engine_types import GenerationRequest
 from ninfer.prompt.template_options import TemplateOptions
+from ninfer.protocols.constraints import (
+    GrammarSpec,
+    check_tool_constraints,
+    parse_response_format,
+    parse_structured_outputs,
+    plan_turn_constraint,
+    single_output_constraint,
+)
 from ninfer.protocols.conversation import (
     Conversation,
     PromptMessage,
@@ -23,7 +31,12 @@ from ninfer.protocols.openai_chat.lowering import check_model
 from ninfer.protocols.openai_responses.items import lower_items, normalize_input
 from ninfer.protocols.openai_responses.protocol import CreateRequest, PromptFields
 from ninfer.protocols.openai_responses.store import ResponseStore, StoredResponse
-from ninfer.protocols.openai_responses.tools import ResponseTools, callable_tools, parse_tools
+from ninfer.protocols.openai_responses.tools import (
+    ResponseTools,
+    callable_tools,
+    parse_tools,
+    tool_policy,
+)
 from ninfer.protocols.served_model import ServedModel
 from ninfer.protocols.thinking_budget import plan_thinking_budget
 from ninfer.server.errors import ApiError, context_length_exceeded, invalid, unsupported
@@ -39,6 +52,7 @@ class PreparedPrompt:
     input_items: list[dict[str, Any]]  # canonical Items of this request's `input`
     history: list[dict[str, Any]]  # the parent's history (empty for a root)
     preserve_thinking: bool | None  # explicit or inherited; what a child inherits
+    conversation: Conversation | None = None
 
 
 @dataclass(slots=True)
@@ -50,6 +64,7 @@ class LoweredResponse:
     store: bool
     summary: str | None  # reasoning.summary as requested; a string asks for the placeholder
     include_encrypted: bool
+    constraint: GrammarSpec | None = None  # compiled into generation.constraint before submit
 
     @property
     def prompt(self) -> RenderedPrompt:
@@ -114,7 +129,7 @@ def prepare_prompt(
         if exc.param == "messages":
             exc.param = "input"
         raise
-    return PreparedPrompt(prompt, tools, input_items, history, preserve)
+    return PreparedPrompt(prompt, tools, input_items, history, preserve, conversation)
 
 
 def lower_create(
@@ -157,6 +172,36 @@ def lower_create(
         store=request.store is not False,
         summary=summary,
         include_encrypted=ENCRYPTED_REASONING in (request.include or []),
+        constraint=_constraint(request, prepared, generation, served),
+    )
+
+
+def _constraint(
+    request: CreateRequest,
+    prepared: PreparedPrompt,
+    generation: GenerationRequest,
+    served: ServedModel,
+) -> GrammarSpec | None:
+    """text.format / structured_outputs and tool_choice through the shared lowering."""
+    mode = check_tool_constraints(request.tool_constraints)
+    text_format = request.text.format if request.text is not None else None
+    output = single_output_constraint(
+        parse_response_format(text_format, "text.format", nested=False),
+        parse_structured_outputs(request.structured_outputs),
+    )
+    tools = prepared.tools
+    policy = None
+    if tools.definitions:
+        policy = tool_policy(request.tool_choice, request.parallel_tool_calls, mode, tools)
+    assert prepared.conversation is not None
+    return plan_turn_constraint(
+        output,
+        policy,
+        generation,
+        prepared.prompt,
+        prepared.conversation,
+        served.engine.tokenizer,
+        thinking_param="reasoning.effort",
     )
 
 
@@ -199,11 +244,7 @@ def _check_prompt_options(request: PromptFields) -> None:
         fmt = text.format
         if fmt is not None:
             kind = fmt.get("type")
-            if kind in ("json_object", "json_schema"):
-                raise unsupported(
-                    "text.format", "JSON mode and JSON Schema are not available in this build"
-                )
-            if kind != "text":
+            if kind not in ("text", "json_object", "json_schema"):
                 raise invalid(
                     "`text.format.type` must be text, json_object or json_schema, not "
                     f"`{_show(str(kind))}`",
@@ -229,7 +270,6 @@ def _check_create_options(request: CreateRequest) -> None:
     for name, what in (
         ("prompt", "stored prompt templates are not served"),
         ("context_management", "server-side context management is not available"),
-        ("structured_outputs", "constrained output is not available in this build"),
     ):
         if getattr(request, name) is not None:
             raise unsupported(name, what)

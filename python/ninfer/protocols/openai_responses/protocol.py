@@ -87,10 +87,12 @@ class CreateRequest(PromptFields, kw_only=True, forbid_unknown_fields=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     seed: Seed | None = None
+    # NInfer output and tool constraints, shared with Chat Completions and Messages
+    structured_outputs: Any = None
+    tool_constraints: str | None = None
     # recognized, refused (see lowering.py)
     prompt: Any = None
     context_management: Any = None
-    structured_outputs: Any = None
 
     def sampling_fields(self) -> dict[str, Any]:
         return {

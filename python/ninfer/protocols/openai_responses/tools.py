@@ -4,9 +4,9 @@
 * a `namespace` groups functions; each member gets the internal name `namespace__name`, so
   the same function name may live in two namespaces, and output restores the pair;
 * a free-form `custom` tool (Codex's `apply_patch`) is served the way Chat Completions
-  serves one: a one-string `input` function under the caller's own name. A grammar format is
-  not enforced (there is no constrained route here); its definition is appended to the
-  description the model reads;
+  serves one: a one-string `input` function under the caller's own name. Its grammar format
+  is not enforced on the input text (the call's framing and name are); the definition is
+  appended to the description the model reads;
 * hosted tools the server cannot execute (`web_search` and kin) are left out of the prompt
   with one warning line per request; a tool_choice that forces one is refused.
 """
@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer.protocols.constraints import ToolPolicy
 from ninfer.protocols.conversation import ToolDefinition
 from ninfer.server.errors import invalid, unsupported
 
@@ -55,6 +56,7 @@ class ResponseTools:
     definitions: list[ToolDefinition] = field(default_factory=list)
     identities: dict[str, ToolIdentity] = field(default_factory=dict)  # internal name -> id
     dropped: list[str] = field(default_factory=list)  # hosted tool types left out
+    schema_params: dict[str, str] = field(default_factory=dict)  # internal name -> `parameters`
 
     def internal_name(self, name: str, namespace: str | None) -> str:
         return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
@@ -103,6 +105,7 @@ def _add(
         shown = f"{namespace}.{identity.name}" if namespace else identity.name
         raise invalid(f"tool `{_show(shown)}` is declared twice", f"{where}.name")
     parsed.identities[definition.name] = identity
+    parsed.schema_params[definition.name] = f"{where}.parameters"
     parsed.definitions.append(definition)
 
 
@@ -194,6 +197,26 @@ def callable_tools(tool_choice: Any, tools: ResponseTools) -> set[str] | None:
         "or an `allowed_tools` object",
         "tool_choice",
     )
+
+
+def tool_policy(
+    tool_choice: Any, parallel_tool_calls: bool | None, mode: str, tools: ResponseTools
+) -> ToolPolicy:
+    """tool_choice as the shared constraint lowering's ToolPolicy: a function (or custom)
+    selection is exactly one call to it; allowed_tools keeps its mode over the listed tools."""
+    names = callable_tools(tool_choice, tools)  # validates the selection first
+    common: dict[str, Any] = {
+        "tools": tools.definitions,
+        "parallel": parallel_tool_calls is not False,
+        "constraints": mode,
+        "schema_params": tools.schema_params,
+    }
+    if isinstance(tool_choice, dict):
+        allowed = frozenset(names or ())
+        if tool_choice.get("type") == "allowed_tools":
+            return ToolPolicy(choice=tool_choice.get("mode", "auto"), allowed=allowed, **common)
+        return ToolPolicy(choice="named", allowed=allowed, **common)
+    return ToolPolicy(choice=tool_choice or "auto", **common)
 
 
 def _selected(choice: dict[str, Any], kind: str, tools: ResponseTools, where: str) -> str:
