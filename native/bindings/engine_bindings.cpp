@@ -130,6 +130,12 @@ py::dict stats_dict(const EngineStats& s) {
   d["submits_refused"] = s.submits_refused;
   d["recoveries_out_of_memory"] = s.recoveries_out_of_memory;
   d["recoveries_failed_step"] = s.recoveries_failed_step;
+  d["spec_rounds"] = s.spec_rounds;
+  d["spec_draft_tokens"] = s.spec_draft_tokens;
+  d["spec_accepted_tokens"] = s.spec_accepted_tokens;
+  d["spec_ngram_rounds"] = s.spec_ngram_rounds;
+  d["spec_ngram_draft_tokens"] = s.spec_ngram_draft_tokens;
+  d["spec_ngram_accepted_tokens"] = s.spec_ngram_accepted_tokens;
   return d;
 }
 
@@ -147,8 +153,13 @@ SamplingParams make_sampling(float temperature, float top_p, int32_t top_k, floa
 }
 
 EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t prefill_chunk, int32_t max_pending,
-                           int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling) {
+                           int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling,
+                           int32_t mtp_draft_tokens, int32_t ngram_draft_tokens, int32_t ngram_min_match) {
   EngineOptions o;
+  o.spec.mtp_draft_tokens = mtp_draft_tokens;
+  o.spec.ngram_draft_tokens = ngram_draft_tokens;
+  o.spec.ngram_min_match = ngram_min_match;
+  if (auto problem = speculative_options_problem(o.spec); !problem.empty()) throw py::value_error(problem);
   o.device_sampling = device_sampling;
   o.max_concurrency = max_concurrency;
   o.max_context = max_context;
@@ -203,6 +214,8 @@ void bind_events(py::module_& m) {
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
       .def_property_readonly("decode_share_ms", [](const EngineEvent& e) { return e.timings.decode_share_ms; })
+      .def_property_readonly("draft_n", [](const EngineEvent& e) { return e.timings.draft_n; })
+      .def_property_readonly("draft_n_accepted", [](const EngineEvent& e) { return e.timings.draft_n_accepted; })
       .def_property_readonly("error", [](const EngineEvent& e) -> py::object {
         if (e.error.empty()) return py::none();
         return py::str(e.error);
@@ -218,14 +231,18 @@ void bind_engine_class(py::module_& m) {
   py::class_<EngineOptions>(m, "EngineOptions")
       .def(py::init(&make_options), py::kw_only(), py::arg("max_concurrency") = 1, py::arg("max_context") = 0,
            py::arg("prefill_chunk") = 512, py::arg("max_pending") = 16, py::arg("pending_timeout_ms") = 0,
-           py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("device_sampling") = true)
+           py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("device_sampling") = true,
+           py::arg("mtp_draft_tokens") = 0, py::arg("ngram_draft_tokens") = 0, py::arg("ngram_min_match") = 12)
       .def_readwrite("max_concurrency", &EngineOptions::max_concurrency)
       .def_readwrite("max_context", &EngineOptions::max_context)
       .def_readwrite("prefill_chunk", &EngineOptions::prefill_chunk)
       .def_readwrite("max_pending", &EngineOptions::max_pending)
       .def_readwrite("pending_timeout_ms", &EngineOptions::pending_timeout_ms)
       .def_readwrite("eos_ids", &EngineOptions::eos_ids)
-      .def_readwrite("device_sampling", &EngineOptions::device_sampling);
+      .def_readwrite("device_sampling", &EngineOptions::device_sampling)
+      .def_property_readonly("mtp_draft_tokens", [](const EngineOptions& o) { return o.spec.mtp_draft_tokens; })
+      .def_property_readonly("ngram_draft_tokens", [](const EngineOptions& o) { return o.spec.ngram_draft_tokens; })
+      .def_property_readonly("ngram_min_match", [](const EngineOptions& o) { return o.spec.ngram_min_match; });
 
   py::class_<PyEngine>(m, "Engine")
       .def_static(
@@ -263,7 +280,8 @@ void bind_engine_class(py::module_& m) {
              int32_t top_k, float min_p, float presence_penalty, float frequency_penalty,
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
              bool ignore_eos, int32_t min_tokens, int32_t thinking_budget, bool thinking_open,
-             int32_t think_open_id, int32_t think_close_id, std::vector<int32_t> thinking_close_ids) {
+             int32_t think_open_id, int32_t think_close_id, std::vector<int32_t> thinking_close_ids,
+             std::vector<int32_t> draft_oracle) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -277,6 +295,7 @@ void bind_engine_class(py::module_& m) {
             p.thinking.open_id = think_open_id;
             p.thinking.close_id = think_close_id;
             p.thinking.close_ids = std::move(thinking_close_ids);
+            p.draft_oracle = std::move(draft_oracle);
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -286,7 +305,7 @@ void bind_engine_class(py::module_& m) {
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
           py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("thinking_budget") = -1,
           py::arg("thinking_open") = false, py::arg("think_open_id") = -1, py::arg("think_close_id") = -1,
-          py::arg("thinking_close_ids") = std::vector<int32_t>{},
+          py::arg("thinking_close_ids") = std::vector<int32_t>{}, py::arg("draft_oracle") = std::vector<int32_t>{},
           "thinking_budget >= 0 caps the tokens committed while thinking is open: then "
           "thinking_close_ids are committed without sampling (see engine/thinking_budget.h).")
       .def(

@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "models/qwen3_5.h"
+
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -70,11 +72,22 @@ Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, Engin
   if (options_.pending_timeout_ms < 0)
     throw std::invalid_argument("pending_timeout_ms must not be negative");
   if (vocab_size_ < 1) throw std::invalid_argument("model reports an empty vocabulary");
+  if (auto problem = speculative_options_problem(options_.spec); !problem.empty())
+    throw std::invalid_argument(problem);
+  if (options_.spec.mtp_draft_tokens > 0) {
+    mtp_ = dynamic_cast<MtpHead*>(model_.get());
+    if (!mtp_ || mtp_->mtp_layers() == 0)
+      throw std::invalid_argument("--spec mtp needs a model with an MTP head; the " + model_->info().architecture +
+                                  " artifact has none");
+    const int64_t tokens = options_.prefill_chunk + static_cast<int64_t>(options_.max_concurrency) *
+                                                        (1 + options_.spec.max_drafts());
+    hidden_.resize(static_cast<size_t>(tokens * model_->info().hidden_size));
+  }
   if (pool_->free_pages() < kv_pages_for(options_))
     throw std::invalid_argument("KV pool has " + std::to_string(pool_->free_pages()) + " pages but " +
                                 std::to_string(kv_pages_for(options_)) +
                                 " are needed for every lane to reach max_context");
-  logits_.resize(static_cast<size_t>(options_.max_concurrency * vocab_size_));
+  logits_.resize(static_cast<size_t>(options_.max_concurrency * (1 + options_.spec.max_drafts()) * vocab_size_));
   worker_ = std::thread([this] { run(); });
 }
 
@@ -110,6 +123,8 @@ std::string Engine::validate(const GenerationParams& p) const {
     if (id < 0 || id >= vocab_size_)
       return "stop token id " + std::to_string(id) + " is outside the vocabulary (size " +
              std::to_string(vocab_size_) + ")";
+  for (int32_t id : p.draft_oracle)
+    if (id < 0 || id >= vocab_size_) return "draft oracle id " + std::to_string(id) + " is outside the vocabulary";
   for (const auto& stop : p.stop_strings)
     if (stop.empty()) return "stop strings must not be empty";
   const auto& t = p.thinking;
@@ -225,6 +240,12 @@ EngineStats Engine::stats() const {
   s.submits_refused = submits_refused_.load();
   s.recoveries_out_of_memory = recoveries_out_of_memory_.load();
   s.recoveries_failed_step = recoveries_failed_step_.load();
+  s.spec_rounds = spec_rounds_.load();
+  s.spec_draft_tokens = spec_draft_tokens_.load();
+  s.spec_accepted_tokens = spec_accepted_tokens_.load();
+  s.spec_ngram_rounds = spec_ngram_rounds_.load();
+  s.spec_ngram_draft_tokens = spec_ngram_draft_tokens_.load();
+  s.spec_ngram_accepted_tokens = spec_ngram_accepted_tokens_.load();
   return s;
 }
 
@@ -244,8 +265,9 @@ void Engine::throw_if_injected() {
 
 bool Engine::is_eos(int32_t token) const { return contains(options_.eos_ids, token); }
 
-std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq) const {
-  if (static_cast<int32_t>(seq.output.size()) >= seq.params.min_tokens) return {};
+// `ahead`: the row samples the token that many positions after the committed output.
+std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq, size_t ahead) const {
+  if (static_cast<int64_t>(seq.output.size() + ahead) >= seq.params.min_tokens) return {};
   std::vector<int32_t> ids = seq.params.stop_token_ids;
   if (!seq.params.ignore_eos) ids.insert(ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
   return ids;
@@ -270,6 +292,8 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
       event.timings.decode_share_ms = seq.decode_share_ms;
     }
   }
+  event.timings.draft_n = seq.draft_n;
+  event.timings.draft_n_accepted = seq.draft_n_accepted;
   return event;
 }
 
@@ -356,7 +380,9 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
     prompt_tokens_.fetch_add(static_cast<uint64_t>(seq->prompt_len()), std::memory_order_relaxed);
     events.push_back(base_event(*seq, EventKind::Admitted));
   }
+  if (speculating()) choose_drafts();
   scheduler_.plan(step_);
+  step_.batch.hidden_out = mtp_ ? hidden_.data() : nullptr;
   int32_t prefilling = 0, decode_ready = 0;
   for (const Sequence* seq : scheduler_.resident()) {
     if (seq->phase == Phase::Prefilling) ++prefilling;
@@ -412,6 +438,7 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
       for (int32_t i = 0; i < step_.decode_rows; ++i) step_.rows[static_cast<size_t>(i)]->decode_share_ms += share;
     }
     commit_step(events, done, on_device);
+    if (mtp_) draft_with_mtp(done);
   }
   if (done.empty()) return;
   std::lock_guard lock(mu_);
@@ -422,27 +449,37 @@ void Engine::plan_device_sampling() {
   sampling_.clear();
   std::vector<int32_t> tokens, counts;
   for (size_t i = 0; i < step_.rows.size(); ++i) {
-    if (!step_.batch.slices[i].wants_logits) continue;
+    const SeqSlice& slice = step_.batch.slices[i];
+    if (!slice.wants_logits) continue;
     Sequence& seq = *step_.rows[i];
     const SamplingParams& p = seq.params.sampling;
-    RowSampling row;
-    row.temperature = p.temperature;
-    row.top_p = p.top_p;
-    row.min_p = p.min_p;
-    row.presence_penalty = p.presence_penalty;
-    row.frequency_penalty = p.frequency_penalty;
-    row.top_k = p.top_k;
-    // A forced thinking-close token draws nothing, as on the host path.
-    row.uniform = p.temperature > 0.0f && !seq.thinking.forcing_next() ? seq.sampler.next_draw() : 0.0;
-    tokens.clear();
-    counts.clear();
-    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-      for (const auto& [token, count] : seq.output_counts) {
-        tokens.push_back(token);
-        counts.push_back(count);
+    // Row r of a verified slice samples the token after r of the proposals: its penalties
+    // count them as if committed, and min_tokens counts its own position.
+    TokenCounts ahead;
+    for (int32_t r = 0; r < slice.logit_rows(); ++r) {
+      if (r > 0) ++ahead[seq.drafts[static_cast<size_t>(r - 1)]];
+      RowSampling row;
+      row.temperature = p.temperature;
+      row.top_p = p.top_p;
+      row.min_p = p.min_p;
+      row.presence_penalty = p.presence_penalty;
+      row.frequency_penalty = p.frequency_penalty;
+      row.top_k = p.top_k;
+      // A forced thinking-close token draws nothing, as on the host path.
+      const bool draws = p.temperature > 0.0f && !seq.thinking.forcing_next();
+      row.uniform = !draws ? 0.0 : speculating() ? peek_draw(seq, static_cast<size_t>(r)) : seq.sampler.next_draw();
+      tokens.clear();
+      counts.clear();
+      if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+        TokenCounts merged = seq.output_counts;
+        for (const auto& [token, count] : ahead) merged[token] += count;
+        for (const auto& [token, count] : merged) {
+          tokens.push_back(token);
+          counts.push_back(count);
+        }
       }
+      sampling_.add_row(row, tokens, counts, suppressed_ids(seq, static_cast<size_t>(r)));
     }
-    sampling_.add_row(row, tokens, counts, suppressed_ids(seq));
   }
   sampled_ids_.assign(sampling_.rows.size(), kSampledNothing);
 }
@@ -451,6 +488,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   const auto now = EngineClock::now();
   struct Row {
     Sequence* seq;
+    const SeqSlice* slice;
     int logit_row;  // -1: the slice asked for no logits
     EngineEvent event;
   };
@@ -459,10 +497,12 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   for (size_t i = 0; i < step_.rows.size(); ++i) {
     Sequence& seq = *step_.rows[i];
     const SeqSlice& slice = step_.batch.slices[i];
-    const int logit_row = slice.wants_logits ? logit_rows++ : -1;
+    seq.round_committed = 0;
+    const int logit_row = slice.wants_logits ? logit_rows : -1;
+    logit_rows += slice.logit_rows();
     seq.cached += slice.num_tokens;
     if (seq.cancel_requested) {
-      rows.push_back({&seq, -1, base_event(seq, EventKind::Output)});
+      rows.push_back({&seq, &slice, -1, base_event(seq, EventKind::Output)});
       finish(seq, rows.back().event, FinishReason::Cancelled);
       continue;
     }
@@ -472,7 +512,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
       seq.prefilled = now;
     }
     seq.last_commit = now;
-    rows.push_back({&seq, logit_row, base_event(seq, EventKind::Output)});
+    rows.push_back({&seq, &slice, logit_row, base_event(seq, EventKind::Output)});
     if (logit_row < 0) finish(seq, rows.back().event, FinishReason::Length);  // max_tokens 0: prompt only
   }
 
@@ -480,29 +520,15 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   sampling_pool_.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t r) {
     Row& row = rows[static_cast<size_t>(r)];
     if (row.event.finished) return;
-    Sequence& seq = *row.seq;
-    try {
-      int32_t token = 0;
-      if (auto forced = seq.thinking.next_forced()) {
-        token = *forced;  // the thinking budget closes thinking: committed without sampling
-      } else if (sampled_on_device) {
-        token = sampled_ids_[static_cast<size_t>(row.logit_row)];
-        if (token < 0) throw std::runtime_error(sampled_code_error(token));
-        if (token >= vocab_size_) throw std::runtime_error("the device sampler chose id " + std::to_string(token) +
-                                                           ", outside the vocabulary");
-      } else {
-        float* logits = logits_.data() + static_cast<int64_t>(row.logit_row) * vocab_size_;
-        token = seq.sampler.sample(std::span<float>(logits, static_cast<size_t>(vocab_size_)), seq.output_counts,
-                                   suppressed_ids(seq));
-      }
-      tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
-      if (!seq.output.empty()) decode_tokens_.fetch_add(1, std::memory_order_relaxed);
-      commit_token(seq, token, row.event);
-    } catch (const std::exception& e) {
-      finish(seq, row.event, FinishReason::Error);
-      row.event.error = std::string("sampling failed: ") + e.what();
-    }
+    commit_row(*row.seq, *row.slice, row.logit_row, row.event, sampled_on_device);
   });
+
+  // Verified rows keep the state of their accepted prefix (a backend call: one row at a time).
+  for (auto& row : rows) {
+    if (!row.slice->keep_states || row.seq->round_committed == 0) continue;
+    row.seq->cached = row.slice->start_pos + row.seq->round_committed;
+    model_->keep_prefix(row.seq->lane, row.seq->cached);
+  }
 
   for (auto& row : rows) {
     if (row.event.finished) done.push_back(row.seq);

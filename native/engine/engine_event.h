@@ -25,6 +25,8 @@ struct RequestTimings {
   double prompt_ms = 0;     // lane -> prefill done
   double predicted_ms = 0;  // prefill done -> last commit
   double decode_share_ms = 0;  // the request's share of its decode rounds (see Sequence)
+  int32_t draft_n = 0;           // speculative proposals verified so far
+  int32_t draft_n_accepted = 0;  // of which accepted
 };
 
 struct EngineEvent {

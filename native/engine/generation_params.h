@@ -29,6 +29,9 @@ struct GenerationParams {
   bool ignore_eos = false;
   int32_t min_tokens = 0;  // eos, stop ids and stop strings are inert until this many tokens
   ThinkingBudgetParams thinking;  // an optional thinking-token cap (thinking_budget.h)
+  // Tests of speculative rounds: with speculation on, each round proposes the next tokens of
+  // this known continuation (output position i proposes draft_oracle[i]) instead of drafting.
+  std::vector<int32_t> draft_oracle;
 };
 
 }  // namespace ninfer

@@ -105,6 +105,17 @@ void Scheduler::plan(StepPlan& step) {
   for (Sequence* seq : order) {
     if (seq->phase != Phase::Decoding) continue;
     add_slice(*seq, &seq->output.back(), 1, true);
+    if (!seq->drafts.empty()) {  // a speculative round: verify every proposal in this traversal
+      const auto count = static_cast<int32_t>(seq->drafts.size());
+      ensure_pages(*seq, seq->cached + 1 + count);
+      SeqSlice& slice = step.batch.slices.back();
+      slice.num_tokens += count;
+      slice.page_table = seq->pages.data();
+      slice.num_pages = static_cast<int32_t>(seq->pages.size());
+      slice.all_logits = true;
+      slice.keep_states = true;
+      step.tokens.insert(step.tokens.end(), seq->drafts.begin(), seq->drafts.end());
+    }
     ++step.decode_rows;
   }
   int32_t budget = prefill_chunk_;
@@ -118,6 +129,8 @@ void Scheduler::plan(StepPlan& step) {
   }
   step.batch.tokens = step.tokens;
 }
+
+void Scheduler::reserve(Sequence& seq, int32_t tokens) { ensure_pages(seq, tokens); }
 
 void Scheduler::release(Sequence& seq) {
   if (!seq.pages.empty()) pool_.release(seq.pages);

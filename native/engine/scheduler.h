@@ -1,7 +1,7 @@
 // Lanes, the FIFO pending queue, and the shape of each step.
 //
 // Lanes are fixed at start. A step is one BatchPlan: every decoding lane contributes its last
-// sampled token, then prefilling lanes (oldest first) share a budget of `prefill_chunk` prompt
+// sampled token (followed by its speculative proposals, if any), then prefilling lanes (oldest first) share a budget of `prefill_chunk` prompt
 // tokens. A request starts decoding on the step after its prefill completes; a finished
 // request leaves its lane at the boundary where the engine releases it, so the next plan has
 // no empty row. KV pages are taken from the pool as a sequence grows and returned on release.
@@ -53,6 +53,9 @@ class Scheduler {
   // Fills `step` for the next traversal (empty when no lane has work). Allocates the pages
   // the step writes into; throws std::runtime_error if the pool runs dry.
   void plan(StepPlan& step);
+  // Pages covering the sequence's first `tokens` positions (the MTP head drafts ahead of the
+  // next plan); throws std::runtime_error if the pool runs dry.
+  void reserve(Sequence& seq, int32_t tokens);
   // Frees the lane and returns the sequence's pages.
   void release(Sequence& seq);
 

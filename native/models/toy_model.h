@@ -26,6 +26,7 @@ class ToyModel final : public Model {
   const ModelInfo& info() const override { return info_; }
   void forward(const BatchPlan& plan, float* logits) override;
   void reset_lane(int lane) override;
+  void keep_prefix(int lane, int32_t length) override;
   // Off unless a test turns it on: then the toy "samples on its device" with the host
   // reference (sample_row_on_host), so the engine's device-sampling path runs on the CPU.
   bool samples_on_device() const override { return samples_on_device_; }
