@@ -64,6 +64,9 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         max_pending=config.max_pending_requests,
         pending_timeout_ms=config.pending_timeout_ms,
         eos_ids=list(eos_ids),
+        mtp_draft_tokens=config.mtp_draft_tokens,
+        ngram_draft_tokens=config.ngram_draft_tokens,
+        ngram_min_match=config.ngram_min_match,
     )
 
 
@@ -82,6 +85,8 @@ def _to_event(core_event: Any) -> EngineEvent:
             core_event.prompt_ms,
             core_event.predicted_ms,
             core_event.decode_share_ms,
+            core_event.draft_n,
+            core_event.draft_n_accepted,
         ),
         error=core_event.error,
     )

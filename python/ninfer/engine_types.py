@@ -54,6 +54,8 @@ class Timings:
     prompt_ms: float = 0.0  # prefill
     predicted_ms: float = 0.0  # decode
     decode_share_ms: float = 0.0  # this request's share of its batched decode rounds
+    draft_n: int = 0  # speculative proposals verified so far
+    draft_n_accepted: int = 0  # of which the target accepted
 
 
 @dataclass(slots=True)
@@ -113,4 +115,7 @@ class EngineConfig:
     max_pending_requests: int = 64
     pending_timeout_ms: int = 0  # 0 = wait forever
     threads: int = 0  # CPU threads; 0 = all cores
+    mtp_draft_tokens: int = 0  # --spec mtp --draft-tokens; 0 = no MTP drafting
+    ngram_draft_tokens: int = 0  # --ngram-draft-tokens; 0 = no n-gram copies
+    ngram_min_match: int = 12  # --ngram-min-match
     device: str = "cpu"

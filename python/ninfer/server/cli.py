@@ -22,6 +22,7 @@ from ninfer.server.logs import configure_logging
 from ninfer.server.options import parse_args, process_sampling
 from ninfer.server.request_log import RequestLog, RequestLogError
 from ninfer.server.server_start import server_start_record
+from ninfer.server.speculative_options import speculative_engine_fields
 from ninfer.server.stats_panel import StatsPanel, panel_wanted
 from ninfer.server.telemetry import Telemetry
 from ninfer.server.throughput import ThroughputReporter
@@ -111,6 +112,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_pending_requests=args.max_pending_requests,
         pending_timeout_ms=args.pending_timeout_ms,
         device=resolve_device(args.device),
+        **speculative_engine_fields(args),
     )
 
 

@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from ninfer.server.speculative_options import add_speculative_arguments, check_speculative_arguments
+
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 
 # Options of the serving contract whose features this build does not have yet. They are
@@ -27,13 +29,9 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--response-store-max-records", True, "the Responses API"),
     ("--response-store-max-mib", True, "the Responses API"),
     ("--kv-dtype", True, "quantized KV caches"),
-    ("--spec", True, "speculative decoding"),
-    ("--draft-tokens", True, "speculative decoding"),
     ("--lm-head-draft", False, "speculative decoding"),
     ("--draft-tree-nodes", True, "speculative decoding"),
     ("--draft-tree-paths", True, "speculative decoding"),
-    ("--ngram-draft-tokens", True, "n-gram drafting"),
-    ("--ngram-min-match", True, "n-gram drafting"),
     ("--ngram-archive-mib", True, "n-gram drafting"),
     ("--ngram-session-mib", True, "n-gram drafting"),
     ("--ngram-native-sessions", False, "n-gram drafting"),
@@ -314,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="rotated request-log files kept, 0..1000; requires --request-log-max-mib (default: 4)",
     )
+    add_speculative_arguments(parser)
     later = parser.add_argument_group("not available in this build (refused if given)")
     for flag, takes_value, feature in UNAVAILABLE_OPTIONS:
         later.add_argument(
@@ -336,6 +335,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--request-log-keep requires --request-log-max-mib")
     if args.request_log_keep is None:
         args.request_log_keep = 4
+    check_speculative_arguments(parser, args)
     return args
 
 
