@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from metrics_scrape import scrape
 from ninfer.engine_types import EngineConfig
 from ninfer.server.cli import engine_config
 from ninfer.server.options import parse_args
@@ -170,3 +171,18 @@ def test_completions_and_anthropic_messages_equal_plain_decoding(servers):
         )  # fmt: skip
     assert answers[1] == answers[0]
     assert spec.engine.stats()["spec_rounds"] > 0
+
+
+def test_metrics_count_speculative_work(servers):
+    plain, spec = servers
+    _chat(spec, PROMPTS[0])
+    stats = spec.engine.stats()
+    got = scrape(spec.base_url)
+    rounds = got.value("ninfer_spec_decode_rounds_total")
+    drafted = got.value("ninfer_spec_decode_draft_tokens_total")
+    accepted = got.value("ninfer_spec_decode_accepted_tokens_total")
+    assert 0 < rounds <= stats["spec_rounds"]
+    assert rounds <= drafted <= 6 * rounds
+    assert 0 <= accepted <= drafted
+    assert got.value("ninfer_spec_decode_fallback_steps_total") >= 0
+    assert scrape(plain.base_url).value("ninfer_spec_decode_rounds_total") == 0

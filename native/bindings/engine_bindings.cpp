@@ -136,6 +136,7 @@ py::dict stats_dict(const EngineStats& s) {
   d["spec_ngram_rounds"] = s.spec_ngram_rounds;
   d["spec_ngram_draft_tokens"] = s.spec_ngram_draft_tokens;
   d["spec_ngram_accepted_tokens"] = s.spec_ngram_accepted_tokens;
+  d["spec_fallback_steps"] = s.spec_fallback_steps;
   return d;
 }
 

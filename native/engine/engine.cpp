@@ -246,6 +246,7 @@ EngineStats Engine::stats() const {
   s.spec_ngram_rounds = spec_ngram_rounds_.load();
   s.spec_ngram_draft_tokens = spec_ngram_draft_tokens_.load();
   s.spec_ngram_accepted_tokens = spec_ngram_accepted_tokens_.load();
+  s.spec_fallback_steps = spec_fallback_steps_.load();
   return s;
 }
 

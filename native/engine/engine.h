@@ -116,6 +116,7 @@ struct EngineStats {
   uint64_t spec_ngram_rounds = 0;
   uint64_t spec_ngram_draft_tokens = 0;
   uint64_t spec_ngram_accepted_tokens = 0;
+  uint64_t spec_fallback_steps = 0;  // decode rows of a speculating engine with nothing to verify
 };
 
 class Engine {
@@ -221,7 +222,7 @@ class Engine {
       finished_error_{0}, queue_timeouts_{0}, submits_refused_{0};
   std::atomic<uint64_t> recoveries_out_of_memory_{0}, recoveries_failed_step_{0};
   mutable std::atomic<uint64_t> spec_rounds_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0},
-      spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0};
+      spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0}, spec_fallback_steps_{0};
   std::atomic<int> injected_failures_{0};
   std::atomic<bool> injected_out_of_memory_{false};
 

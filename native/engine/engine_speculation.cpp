@@ -120,7 +120,10 @@ void Engine::commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, Eng
     finish(seq, event, FinishReason::Error);
     event.error = std::string("sampling failed: ") + e.what();
   }
-  if (proposals == 0) return;
+  if (proposals == 0) {
+    if (spec && slice.start_pos >= seq.prompt_len()) spec_fallback_steps_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   seq.draft_n += static_cast<int32_t>(proposals);
   seq.draft_n_accepted += accepted;
   event.timings.draft_n = seq.draft_n;
