@@ -236,3 +236,22 @@ def test_device_sampling_of_verified_rows_matches_the_host_path(lanes):
         assert runs[1] == runs[0], device
         results[device] = runs[1]
     assert results[True] == results[False]
+
+
+@pytest.mark.parametrize("limit", [0, 2, 5, 9])
+def test_a_thinking_cap_inside_a_round_commits_the_close_like_plain_decoding(limit):
+    prompt, close = [5, 17, 42, 99, 3, 250, 7], [11, 12, 13]
+    thinking = dict(thinking_budget=limit, thinking_open=True, think_close_id=12,
+                    thinking_close_ids=close)  # fmt: skip
+    plain = run_one(make_engine(), prompt, 30, temperature=0.0, **thinking)
+    assert plain.tokens[limit : limit + 3] == close
+    # The oracle knows the whole answer, close sequence included: rounds span the cap.
+    engine = make_engine(ngram_draft_tokens=4)
+    spec = run_one(engine, prompt, 30, temperature=0.0, draft_oracle=plain.tokens, **thinking)
+    assert spec.tokens == plain.tokens
+    assert spec.final.draft_n_accepted > 0
+    # And with wrong proposals for the close sequence itself.
+    wrong = [(t + 1) % 256 if limit <= i < limit + 3 else t for i, t in enumerate(plain.tokens)]
+    spec = run_one(make_engine(ngram_draft_tokens=4), prompt, 30, temperature=0.0,
+                   draft_oracle=wrong, **thinking)  # fmt: skip
+    assert spec.tokens == plain.tokens
