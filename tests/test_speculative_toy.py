@@ -45,6 +45,13 @@ def test_an_oracle_that_agrees_commits_k_plus_one_tokens_per_round(k):
     assert stats["tokens_decoded"] == 40
     assert stats["decode_tokens"] == 39
     assert stats["spec_ngram_rounds"] == 0  # oracle proposals are not n-gram copies
+    tally = spec.final.speculative  # the request log's request_done.speculative
+    assert tally["rounds"] == stats["spec_rounds"]
+    assert tally["drafted_tokens"] == tally["accepted_tokens"] == spec.final.draft_n
+    assert tally["fallback_steps"] == (last == 1) == stats["spec_fallback_steps"]
+    assert sum(tally["accepted_per_position"]) == tally["accepted_tokens"]
+    assert tally["accepted_per_position"][0] == tally["rounds"]
+    assert all(ev.speculative is None for ev in spec.events[:-1])
 
 
 @pytest.mark.parametrize("reject_at", [0, 1, 2])
@@ -81,6 +88,7 @@ def test_always_wrong_proposals_commit_one_token_per_round():
     assert spec.tokens == plain.tokens
     assert all(len(ev.token_ids) == 1 for ev in spec.events)
     assert spec.final.draft_n > 0 and spec.final.draft_n_accepted == 0
+    assert spec.final.speculative["accepted_per_position"] == [0, 0, 0, 0]
 
 
 def test_stops_and_max_tokens_inside_a_round_end_like_plain_decoding():

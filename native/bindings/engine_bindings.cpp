@@ -215,6 +215,21 @@ void bind_events(py::module_& m) {
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
       .def_property_readonly("decode_share_ms", [](const EngineEvent& e) { return e.timings.decode_share_ms; })
+      .def_property_readonly("speculative",
+                             [](const EngineEvent& e) -> py::object {
+                               const SpeculativeTally& t = e.speculative;
+                               if (!e.finished || (t.rounds == 0 && t.fallback_steps == 0)) return py::none();
+                               py::dict d;
+                               d["rounds"] = t.rounds;
+                               d["drafted_tokens"] = t.drafted;
+                               d["accepted_tokens"] = t.accepted;
+                               d["fallback_steps"] = t.fallback_steps;
+                               d["accepted_per_position"] = t.accepted_per_position;
+                               d["ngram_rounds"] = t.ngram_rounds;
+                               d["ngram_drafted_tokens"] = t.ngram_drafted;
+                               d["ngram_accepted_tokens"] = t.ngram_accepted;
+                               return d;
+                             })
       .def_property_readonly("draft_n", [](const EngineEvent& e) { return e.timings.draft_n; })
       .def_property_readonly("draft_n_accepted", [](const EngineEvent& e) { return e.timings.draft_n_accepted; })
       .def_property_readonly("error", [](const EngineEvent& e) -> py::object {

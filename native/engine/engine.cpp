@@ -303,6 +303,7 @@ void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) cons
   event.finished = true;
   event.finish_reason = reason;
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
+  event.speculative = seq.spec_tally;
   count_outcome(event);
 }
 

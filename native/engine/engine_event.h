@@ -29,6 +29,18 @@ struct RequestTimings {
   int32_t draft_n_accepted = 0;  // of which accepted
 };
 
+// A request's speculative work so far (carried by its finished event, for the request log).
+struct SpeculativeTally {
+  int32_t rounds = 0;          // decode rows that verified proposals
+  int32_t drafted = 0;         // proposals verified
+  int32_t accepted = 0;        // of which accepted
+  int32_t ngram_rounds = 0;    // the part whose proposals were n-gram copies
+  int32_t ngram_drafted = 0;
+  int32_t ngram_accepted = 0;
+  int32_t fallback_steps = 0;  // decode rows with nothing to verify
+  std::vector<int32_t> accepted_per_position;  // [i]: rounds whose proposal i was accepted
+};
+
 struct EngineEvent {
   uint64_t request_id = 0;
   EventKind kind = EventKind::Output;
@@ -43,6 +55,7 @@ struct EngineEvent {
   int32_t completion_tokens = 0;
   RequestTimings timings;
   std::string error;  // FinishReason::Error
+  SpeculativeTally speculative;  // finished events only
 };
 
 }  // namespace ninfer

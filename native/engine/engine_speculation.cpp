@@ -121,13 +121,29 @@ void Engine::commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, Eng
     event.error = std::string("sampling failed: ") + e.what();
   }
   if (proposals == 0) {
-    if (spec && slice.start_pos >= seq.prompt_len()) spec_fallback_steps_.fetch_add(1, std::memory_order_relaxed);
+    if (spec && slice.start_pos >= seq.prompt_len()) {
+      spec_fallback_steps_.fetch_add(1, std::memory_order_relaxed);
+      ++seq.spec_tally.fallback_steps;
+      if (event.finished) event.speculative = seq.spec_tally;
+    }
     return;
   }
   seq.draft_n += static_cast<int32_t>(proposals);
   seq.draft_n_accepted += accepted;
   event.timings.draft_n = seq.draft_n;
   event.timings.draft_n_accepted = seq.draft_n_accepted;
+  SpeculativeTally& tally = seq.spec_tally;
+  ++tally.rounds;
+  tally.drafted += static_cast<int32_t>(proposals);
+  tally.accepted += accepted;
+  if (seq.drafts_from_ngram) {
+    ++tally.ngram_rounds;
+    tally.ngram_drafted += static_cast<int32_t>(proposals);
+    tally.ngram_accepted += accepted;
+  }
+  if (tally.accepted_per_position.size() < proposals) tally.accepted_per_position.resize(proposals, 0);
+  for (int i = 0; i < accepted; ++i) ++tally.accepted_per_position[static_cast<size_t>(i)];
+  if (event.finished) event.speculative = tally;  // finish() ran before this round was counted
   spec_rounds_.fetch_add(1, std::memory_order_relaxed);
   spec_draft_tokens_.fetch_add(proposals, std::memory_order_relaxed);
   spec_accepted_tokens_.fetch_add(static_cast<uint64_t>(accepted), std::memory_order_relaxed);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/engine_event.h"
 #include "engine/generation_params.h"
 #include "engine/ngram_drafter.h"
 #include "engine/sampler.h"
@@ -72,6 +73,7 @@ struct Sequence {
   int32_t round_committed = 0;  // tokens the last step committed for this request
   int32_t draft_n = 0;           // proposals verified / accepted over the request
   int32_t draft_n_accepted = 0;
+  SpeculativeTally spec_tally;
 
   std::atomic<bool> cancel_requested{false};
 };

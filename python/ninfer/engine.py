@@ -89,6 +89,7 @@ def _to_event(core_event: Any) -> EngineEvent:
             core_event.draft_n_accepted,
         ),
         error=core_event.error,
+        speculative=core_event.speculative,
     )
 
 

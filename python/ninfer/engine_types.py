@@ -7,6 +7,7 @@ here knows about HTTP; nothing in the protocol layer touches the native core dir
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -77,6 +78,9 @@ class EngineEvent:
     completion_tokens: int = 0
     timings: Timings | None = None  # set on the finished event
     error: str | None = None
+    # Finished events of a speculating engine: rounds, drafted/accepted tokens, ... (the
+    # request log's request_done.speculative); None without speculative work.
+    speculative: dict[str, Any] | None = None
 
 
 class EngineError(Exception):

@@ -318,6 +318,7 @@ class Telemetry:
                 "total": total_s,
             },
             generated_token_ids=list(record.generated_token_ids),
+            speculative=getattr(final, "speculative", None),
         )
         self.write(out)
 
