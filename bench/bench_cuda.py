@@ -28,8 +28,11 @@ import torch
 
 from ninfer import _core
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
+
+from run_info import describe, run_info  # noqa: E402
 
 # Dense stand-in for the Qwen3.6-27B shape (NOT the hybrid model: every layer is full attention).
 DENSE_27B = {
@@ -120,8 +123,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = SMALL if args.small else DENSE_27B
     counts = shape_counts(cfg)
-    result: dict = {"date": "2026-11-29", "device": torch.cuda.get_device_name(0),
-                    "config": cfg, "counts": counts}
+    result: dict = {**run_info(cuda=True), "config": cfg, "counts": counts}
 
     ceil = ceilings()
     result["ceilings"] = ceil
@@ -206,7 +208,7 @@ def main() -> int:
     result["breakdown_prefill_8k"] = kernel_breakdown(
         lambda: runner.forward(0, 0, tokens[:prompt_len]))
 
-    lines = [f"## GPU (H200) — {result['device']}, 2026-11-29", "",
+    lines = [f"## GPU — {describe(result)}", "",
              f"Ceilings (measured in the same run): copy {bw / 1e12:.2f} TB/s (read+write), "
              f"bf16 GEMM 8192³ {rate / 1e12:.0f} TFLOP/s.", "",
              "| what | measured | floor | ratio |", "| --- | --- | --- | --- |"]

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
 
 from bench_cuda import ceilings, kernel_breakdown  # noqa: E402
+from run_info import describe, run_info  # noqa: E402
 
 SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
 
@@ -270,6 +271,8 @@ def run_shape(
 def to_markdown(result: dict) -> str:
     bw, rate = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["bf16_gemm_flops"]
     lines = [
+        f"Run: {describe(result)}.",
+        "",
         f"Ceilings (same run): copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s.",
         "",
     ]
@@ -330,8 +333,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {
-        "date": "2026-11-29",
-        "device": torch.cuda.get_device_name(0),
+        **run_info(cuda=True),
         "ceilings": ceilings(),
         "shapes": [],
     }

@@ -144,6 +144,16 @@ class FakeHandle:
         answer, endless = engine.answer(user, req)
         if user.startswith("slow:"):
             await self._sleep(engine.slow_pause)
+        if req.report_progress:  # one event per committed prefill chunk that leaves more
+            chunk = max(engine.config.prefill_chunk, 1)
+            for processed in range(chunk, len(req.prompt_ids), chunk):
+                yield EngineEvent(
+                    self.request_id,
+                    [],
+                    b"",
+                    prompt_tokens=len(req.prompt_ids),
+                    prompt_processed=processed,
+                )
         prompt_done = time.perf_counter()
         stops = [s.encode() for s in req.stop_strings]
         held = b""

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +48,13 @@ class RunningServer:
 
 
 def start_server(
-    engine: Any, config: AppConfig | None = None, telemetry: Any = None, **served_kwargs: Any
+    engine: Any,
+    config: AppConfig | None = None,
+    telemetry: Any = None,
+    wrap: Callable[[Any], Any] | None = None,
+    **served_kwargs: Any,
 ) -> RunningServer:
+    """`wrap`, if given, wraps the ASGI app the HTTP server runs (e.g. a RecordingApp)."""
     served = load_served_model(engine, **served_kwargs)
     ready = threading.Event()
     app = NInferApp(served, config or AppConfig(), on_ready=ready.set, telemetry=telemetry)
@@ -59,7 +65,7 @@ def start_server(
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         holder["loop"] = loop
-        holder["server"] = make_server(app, "127.0.0.1", port)
+        holder["server"] = make_server(wrap(app) if wrap else app, "127.0.0.1", port)
         loop.run_until_complete(holder["server"].serve())
         # the loop is left open: Granian's runtime may still hold callbacks into it
 

@@ -101,6 +101,23 @@ def test_default_budget_closes_thinking_at_exactly_the_cap(server, close_ids):
     assert reply.usage.completion_tokens == len(ids)
 
 
+def test_default_budget_applies_to_responses_too(server, close_ids):
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    reply = client.responses.create(
+        model=MODEL,
+        input="Think briefly.",
+        max_output_tokens=DEFAULT_BUDGET + len(close_ids) + 6,
+        temperature=0,
+        store=False,
+    )
+    reasoning = [item for item in reply.output if item.type == "reasoning"]
+    assert len(reasoning) == 1
+    text = "".join(part.text for part in reasoning[0].content)
+    assert text.endswith(GUIDANCE)
+    details = reply.usage.output_tokens_details
+    assert details.reasoning_tokens == DEFAULT_BUDGET + len(close_ids) - 1  # through </think>
+
+
 def test_budget_tokens_cap_and_stream_equals_aggregate(claude, close_ids):
     budget = 1024
     fields = dict(

@@ -166,11 +166,6 @@ def test_template_options_conflicts_and_reserved_keys(client):
         ),
         ({"chat_template_kwargs": {"tools": []}}, "invalid_value", "chat_template_kwargs.tools"),
         (
-            {"chat_template_kwargs": {"add_generation_prompt": False}},
-            "invalid_value",
-            "chat_template_kwargs.add_generation_prompt",
-        ),
-        (
             {"chat_template_kwargs": {"eos_token": "x"}},
             "invalid_value",
             "chat_template_kwargs.eos_token",
@@ -187,6 +182,24 @@ def test_template_options_conflicts_and_reserved_keys(client):
         extra_body={"enable_thinking": False, "chat_template_kwargs": {"enable_thinking": False}},
     )
     chat(client, "plain", extra_body={"chat_template_kwargs": {"enable_thinking": None}})
+
+
+def test_kwargs_owned_by_fields_or_jinja_are_dropped_and_auto_is_unset(server, client):
+    messages = [{"role": "user", "content": "plain"}]
+    plain = tokenize_chat(server, messages)
+    ignored = {
+        "add_generation_prompt": False,  # the request field wins
+        "continue_final_message": True,
+        "range": 3,  # Jinja built-ins the template needs
+        "namespace": None,
+        "tojson": "x",
+        "equalto": 1,
+        "enable_thinking": "auto",  # "auto" means unset, like null
+        "preserve_thinking": "auto",
+    }
+    chat(client, "plain", extra_body={"chat_template_kwargs": ignored})
+    assert server.engine.requests[-1].prompt_ids == plain
+    assert tokenize_chat(server, messages, chat_template_kwargs=ignored) == plain
 
 
 def test_preserve_thinking_keeps_history_reasoning(server, client):
@@ -378,6 +391,31 @@ def sse_events(server, body):
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+def test_return_progress_reports_every_committed_prefill_chunk():
+    engine = FakeEngine(EngineConfig(max_concurrency=1, prefill_chunk=8))
+    running = start_server(engine)
+    try:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "a prompt of several prefill chunks"}],
+            "stream": True,
+            "return_progress": True,
+        }
+        events = sse_events(running, body)
+        total = len(engine.requests[-1].prompt_ids)
+        progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+        assert [p["processed"] for p in progress] == [0, *range(8, total, 8), total]
+        assert all(p["total"] == total and p["cache"] == 0 for p in progress)
+        times = [p["time_ms"] for p in progress]
+        assert times == sorted(times)
+        assert all(e["choices"] == [] for e in events if "prompt_progress" in e)
+        without = sse_events(running, {**body, "return_progress": False})
+        assert not any("prompt_progress" in e for e in without)
+        assert not engine.requests[-1].report_progress
+    finally:
+        running.stop()
 
 
 def test_return_progress_and_timings_per_token(server):

@@ -13,8 +13,17 @@ import pytest
 
 from ninfer import default_model
 from ninfer.default_model import ModelSourceError, cached_conversion, resolve_model, source_kind
+from ninfer.engine_loading import apply_cuda_graphs
+from ninfer.engine_types import EngineConfig
 from ninfer.server.cli import engine_config, main, resolve_device
-from ninfer.server.options import UNAVAILABLE_OPTIONS, build_parser, parse_args, process_sampling
+from ninfer.server.options import (
+    NO_OP_VALUES,
+    UNAVAILABLE_OPTIONS,
+    build_parser,
+    parse_args,
+    process_sampling,
+)
+from ninfer.server.speculative_options import speculative_engine_fields
 from server_harness import free_port
 
 
@@ -36,7 +45,9 @@ IMPLEMENTED = [
     "--presence-penalty", "--frequency-penalty", "--seed", "--greedy", "--usage-chunk-choice",
     "--tolerant-tool-calls", "--reasoning-effort", "--log-stats-interval-ms",
     "--log-stats-panel", "--log-colours", "--request-log-jsonl", "--request-log-max-mib",
-    "--request-log-keep",
+    "--request-log-keep", "--response-store-max-records", "--response-store-max-mib",
+    "--no-cuda-graph",
+    "--load-format",
 ]  # fmt: skip
 
 
@@ -79,11 +90,67 @@ def test_spec_defaults():
 
 @pytest.mark.parametrize(("flag", "takes_value", "feature"), UNAVAILABLE_OPTIONS)
 def test_later_feature_flags_are_refused(flag, takes_value, feature, capsys):
-    argv = [flag, "1"] if takes_value else [flag]
+    value = "2" if "1" in NO_OP_VALUES.get(flag, ()) else "1"  # a value that asks for it
+    argv = [flag, value] if takes_value else [flag]
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["model.ninfer", *argv])
     assert exit_info.value.code == 2
     assert f"{flag} is not available in this build" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--kv-dtype", "bf16"],
+        ["--rope-yarn-factor", "1"],
+        ["--ngram-archive-mib", "0"],
+        ["--vision-offload", "off"],
+    ],
+)
+def test_refused_features_accept_values_that_change_nothing(argv):
+    args = parse_args(["model.ninfer", *argv])
+    assert args.no_op_options == [" ".join(argv)]
+    assert set(NO_OP_VALUES) <= {flag for flag, _, _ in UNAVAILABLE_OPTIONS}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--kv-dtype", "fp8"], ["--ngram-archive-mib", "8"], ["--kv-dtype"],
+     ["--rope-yarn-factor", "4"]],
+)  # fmt: skip
+def test_refused_features_still_refuse_values_that_ask_for_them(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["model.ninfer", *argv])
+    assert f"{argv[0]} is not available in this build" in capsys.readouterr().err
+
+
+def test_spec_off_and_zero_ngram_drafts_are_ordinary_values_that_disable_speculation():
+    # Served features now: the spec's "off" spellings are plain values, not no-op notices.
+    args = parse_args(["model.ninfer", "--spec", "off", "--ngram-draft-tokens", "0"])
+    assert args.no_op_options == []
+    assert speculative_engine_fields(args) == {
+        "mtp_draft_tokens": 0,
+        "ngram_draft_tokens": 0,
+        "ngram_min_match": 12,
+    }
+
+
+def test_no_op_options_are_named_at_startup(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="ninfer.server")
+    main([str(tmp_path / "missing.ninfer"), "--kv-dtype", "bf16", "--log-level", "off"])
+    assert "accepted `--kv-dtype bf16`" in caplog.text
+
+
+def test_no_cuda_graph_reaches_the_backend_switch(monkeypatch):
+    monkeypatch.delenv("NINFER_CUDA_GRAPHS", raising=False)
+    assert engine_config(parse_args(["m.ninfer"])).cuda_graphs is True
+    apply_cuda_graphs(engine_config(parse_args(["m.ninfer"])))
+    assert "NINFER_CUDA_GRAPHS" not in os.environ  # the operator's environment is left alone
+    config = engine_config(parse_args(["m.ninfer", "--no-cuda-graph", "--device", "cpu"]))
+    assert config.cuda_graphs is False
+    apply_cuda_graphs(config)
+    assert os.environ["NINFER_CUDA_GRAPHS"] == "0"
+    assert EngineConfig().cuda_graphs is True
 
 
 @pytest.mark.parametrize(

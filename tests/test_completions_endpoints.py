@@ -107,6 +107,7 @@ def test_vllm_extensions(server, client):
         ({"echo": True}, "unsupported_parameter", "echo"),
         ({"logprobs": 2}, "unsupported_parameter", "logprobs"),
         ({"suffix": "x"}, "unsupported_parameter", "suffix"),
+        ({"mm_processor_kwargs": {"fps": 1}}, "unsupported_parameter", "mm_processor_kwargs.fps"),
         ({"model": "other"}, "model_not_found", "model"),
         ({"prompt": "x" * (CONTEXT + 5)}, "context_length_exceeded", "prompt"),
     ],
@@ -147,3 +148,10 @@ def test_detokenize_and_version(server):
     import ninfer
 
     assert httpx.get(server.base_url + "/version").json() == {"version": ninfer.__version__}
+
+
+def test_empty_or_null_mm_processor_kwargs_are_accepted(server):
+    for kwargs in ({}, {"fps": None}):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 3, "mm_processor_kwargs": kwargs}
+        reply = httpx.post(server.base_url + "/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text

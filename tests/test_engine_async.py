@@ -283,3 +283,95 @@ def test_engine_follows_a_new_event_loop():
     second = asyncio.run(one())  # then serving in another
     asyncio.run(engine.close())
     assert first == second and len(first) == 4
+
+
+def test_prompt_progress_events_follow_prefill_chunks_and_coalesce_for_a_slow_reader():
+    prompt = list(range(1, 71))  # prefill_chunk 16: commits at 16, 32, 48, 64, then 70
+
+    async def main(pause: float):
+        engine = _engine()
+        handle = engine.submit(GenerationRequest(prompt, 2, report_progress=True))
+        await handle.admitted()
+        if pause:
+            await asyncio.sleep(pause)  # the whole prompt commits before anything is read
+        seen = []
+        async for event in handle:
+            seen.append(event)
+        quiet = engine.submit(GenerationRequest(prompt, 2))
+        plain = [event async for event in quiet]
+        await engine.close()
+        return seen, plain
+
+    seen, plain = asyncio.run(main(0.0))
+    progress = [e.prompt_processed for e in seen if e.prompt_processed is not None]
+    assert progress == sorted(set(progress)) and set(progress) <= {16, 32, 48, 64}
+    assert progress[-1] == 64  # coalescing keeps the newest frontier
+    assert all(not e.token_ids for e in seen if e.prompt_processed is not None)
+    assert sum(len(e.token_ids) for e in seen) == 2
+    assert all(e.prompt_processed is None for e in plain)  # only when asked for
+
+    slow, _ = asyncio.run(main(0.5))
+    slow_progress = [e.prompt_processed for e in slow if e.prompt_processed is not None]
+    assert slow_progress == [64]  # one event, carrying the newest frontier
+
+
+def test_next_within_times_out_without_losing_events():
+    """A quiet engine (each step 30 ms) answers next_within(5 ms) with None, and the stream
+    still yields every token; with_heartbeat beats in the gaps and yields the same events."""
+    from ninfer.server.sse import with_heartbeat
+
+    async def main():
+        engine = _engine()
+        engine._core.toy_set_step_delay_us(30_000)
+        request = GenerationRequest(
+            prompt_ids=[5, 6, 7], max_tokens=4, sampling=SamplingParams(temperature=0.0)
+        )
+        handle = engine.submit(request)
+        await handle.admitted()
+        events, timeouts = [], 0
+        while True:
+            try:
+                event = await handle.next_within(0.005)
+            except StopAsyncIteration:
+                break
+            if event is None:
+                timeouts += 1
+            else:
+                events.append(event)
+        beats = []
+
+        async def beat():
+            beats.append(1)
+
+        again = engine.submit(request)
+        await again.admitted()
+        relayed = [e async for e in with_heartbeat(again, 0.005, beat)]
+        await engine.close()
+        return events, timeouts, relayed, len(beats)
+
+    events, timeouts, relayed, beats = asyncio.run(main())
+    tokens = [t for e in events for t in e.token_ids]
+    assert len(tokens) == 4 and events[-1].finished and timeouts >= 3
+    assert [t for e in relayed for t in e.token_ids] == tokens and beats >= 3
+    assert events[-1].timings is not None  # only the finished event carries timings
+    assert all(e.timings is None for e in events[:-1])
+
+
+def test_next_within_times_out_while_waiting_for_a_lane():
+    async def main():
+        engine = _engine()  # one lane
+        engine._core.toy_set_step_delay_us(20_000)
+        greedy = SamplingParams(temperature=0.0)
+        first = engine.submit(GenerationRequest(prompt_ids=[1], max_tokens=5, sampling=greedy))
+        second = engine.submit(GenerationRequest(prompt_ids=[2], max_tokens=2, sampling=greedy))
+        waits = 0
+        while await second.next_within(0.005) is None:
+            waits += 1
+        rest = [e async for e in second]
+        await _stream(first)
+        await engine.close()
+        return waits, rest
+
+    waits, rest = asyncio.run(main())
+    assert waits >= 3  # the first request held the lane for ~100 ms
+    assert rest and rest[-1].finished

@@ -345,3 +345,24 @@ def test_paged_attention_split_over_pages_matches_dense(kernels, rng, threads, h
     out = poisoned(*q_all.shape)
     _core.paged_attention(q_all, keys, values, slices, num_pages, 0.2, out, threads=threads)
     np.testing.assert_allclose(out, np.concatenate(refs), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("features", "expected"),
+    [
+        ((True, False, True), "avx512vnni"),  # AMD Zen 4: AVX-512 VNNI without VEX AVX-VNNI
+        ((True, True, True), "avx512vnni"),  # Sapphire Rapids, Zen 5
+        ((True, True, False), "avxvnni"),  # Alder Lake client cores
+        ((True, False, False), "avx2"),
+        ((False, True, True), "scalar"),
+    ],
+)
+def test_auto_selects_the_best_set_the_cpu_has(features, expected):
+    assert _core.best_cpu_kernels(*features) == expected
+
+
+def test_auto_is_the_best_runnable_set_here():
+    _core.set_cpu_kernels("auto")
+    available = _available_kernels()
+    best = next(n for n in ("avx512vnni", "avxvnni", "avx2", "scalar") if n in available)
+    assert _core.cpu_kernels() == best

@@ -213,6 +213,24 @@ def test_undeclared_names_pass_when_declared_set_is_unknown():
             [("noargs", []), ("run", [])],
             "none",
         ),
+        # `</function>` missing: neither closing tag leaks into the last value
+        (
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+            "</tool_call>",
+            [("get_weather", [("city", "Paris")])],
+            "none",
+        ),
+        (
+            "<tool_call>\n<function=run>\n<parameter=a>\n1\n</parameter>\n</tool_call>\n"
+            "<tool_call>\n<function=noargs>\n</tool_call>\nDone.",
+            [("run", [("a", "1")]), ("noargs", [])],
+            "truncated_tail",
+        ),
+        (
+            "<tool_call>\n<function=run>\n<parameter=a>\n1\n</parameter>\n</tool_",
+            [("run", [("a", "1")])],
+            "truncated_tail",
+        ),
         # an undeclared tool stays structured for the consumer to judge
         (call("mystery", ("x", "1")), [("mystery", [("x", "1")])], "none"),
         # a call whose function closed but whose wrapper is followed by junk
@@ -248,6 +266,18 @@ def test_tolerant_does_not_invent_calls(text):
 def test_tolerant_keeps_strict_result_when_there_is_one():
     text = call("run", ("cmd", "ls")) + "\n" + call("noargs")
     assert turn(text, tolerant=True) == turn(text)
+    quoting = call("run", ("cmd", "echo '</parameter>\n</tool_call>' done"))
+    assert turn(quoting, tolerant=True) == turn(quoting)
+    assert turn(quoting)[0][1] == [("run", [("cmd", "echo '</parameter>\n</tool_call>' done")])]
+
+
+def test_tolerant_missing_function_closer_is_reported_as_a_repair():
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</tool_call>"
+    )
+    region = parse_region(text, 0, final=True, tolerant=True, declared=DECLARED)
+    assert region.status is RegionStatus.COMPLETE and region.calls[0].repaired
+    assert region.calls[0].parameters == [("city", "Paris")]
 
 
 # --- prefix mode (what streaming relies on) -------------------------------------------------

@@ -58,8 +58,9 @@ def _cuda_available() -> bool:
 def server(request, tmp_path_factory):
     path = make_random_artifact(CONFIG, tmp_path_factory.mktemp("art") / "hybrid.ninfer",
                                 seed=3, tokenizer="synthetic", name=MODEL)
+    # An explicit KV pool: auto would keep most of the card for the rest of the process.
     config = EngineConfig(device=request.param, max_concurrency=4, max_context=512,
-                          prefill_chunk=32, max_pending_requests=8, threads=1)
+                          prefill_chunk=32, max_pending_requests=8, threads=1, kv_capacity=4 * 512)
     running = start_server(AsyncEngine.open(path, config), default_max_tokens=24)
     yield running
     running.stop()

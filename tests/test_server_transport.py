@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sys
 import threading
@@ -257,6 +258,35 @@ def test_stopping_ends_running_and_queued_requests_with_503():
     assert "data: [DONE]" not in results["stream"]
     assert results["queued"].status_code == 503
     assert results["queued"].json()["error"]["code"] == "service_unavailable"
+    # cancelled by the stop, whether running or waiting for a lane: said in those words
+    assert last["error"]["message"] == "the server is shutting down"
+    assert results["queued"].json()["error"]["message"] == "the server is shutting down"
+
+
+def test_stop_while_a_stream_waits_for_a_lane_says_the_server_is_shutting_down(caplog):
+    engine = FakeEngine(EngineConfig(max_concurrency=1, max_pending_requests=2))
+    running = start_server(engine, AppConfig(keep_alive_s=0.1))
+    _, release = _held_lane(running, engine)
+    lines: list[str] = []
+
+    def queued_stream() -> None:
+        body = {"model": MODEL, "stream": True, "messages": USER}
+        with httpx.stream("POST", running.base_url + "/v1/chat/completions", json=body) as r:
+            lines.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    thread = threading.Thread(target=queued_stream)
+    thread.start()
+    assert wait_until(lambda: engine.outstanding == 2)
+    running.stop()
+    thread.join(10)
+    release()
+    assert len(lines) == 1
+    error = json.loads(lines[0][6:])["error"]
+    assert (error["code"], error["message"]) == (
+        "service_unavailable",
+        "the server is shutting down",
+    )
+    assert "request was cancelled" not in caplog.text
 
 
 def _accepted_socket_options(client: socket.socket) -> dict[str, int]:
@@ -360,7 +390,8 @@ def test_queued_stream_sends_keep_alive_until_it_gets_a_lane():
         ("/v1/completions", {"model": MODEL, "stream": True, "prompt": "hi"}),
     ],
 )
-def test_queue_timeout_on_a_started_stream_is_one_error_event(path, body):
+def test_queue_timeout_on_a_started_stream_is_one_error_event(path, body, caplog):
+    caplog.set_level(logging.INFO, logger="ninfer.server")
     engine = FakeEngine(
         EngineConfig(max_concurrency=1, max_pending_requests=1, pending_timeout_ms=400)
     )
@@ -377,5 +408,19 @@ def test_queue_timeout_on_a_started_stream_is_one_error_event(path, body):
         error = json.loads(data[0][6:])["error"]
         assert error["code"] == "request_queue_timeout"
         assert wait_until(lambda: engine.outstanding == 0)
+        assert wait_until(lambda: "stream ended with 503 request_queue_timeout" in caplog.text)
     finally:
         running.stop()
+
+
+def test_request_heads_up_to_the_documented_limit_reach_the_app(server):
+    from ninfer.server.embedded import MAX_REQUEST_HEAD_BYTES
+
+    big = httpx.get(server.base_url + "/health", headers={"x-big": "a" * 1_000_000})
+    assert big.status_code == 200, big.status_code
+    many = httpx.get(server.base_url + "/health", headers={f"x-h{i}": "v" for i in range(90)})
+    assert many.status_code == 200
+    too_big = httpx.get(
+        server.base_url + "/health", headers={"x-big": "a" * (2 * MAX_REQUEST_HEAD_BYTES)}
+    )
+    assert too_big.status_code == 431

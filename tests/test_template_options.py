@@ -6,6 +6,7 @@ import pytest
 
 from fake_engine import FakeTokenizer
 from ninfer.prompt import ChatTemplate
+from ninfer.prompt.chat_template import TemplateError
 from ninfer.prompt.literal_text import LiteralText, special_spellings
 from ninfer.prompt.template_options import (
     EFFORT_LEVELS,
@@ -57,6 +58,36 @@ def test_typed_fields_and_kwargs_merge():
     effort = resolve(reasoning_effort="high", ladder=EffortLadder(("low", "xhigh")))
     assert effort.template_kwargs == {"reasoning_effort": "xhigh"}
     assert effort.requested_effort == "high"
+
+
+def test_field_owned_and_jinja_builtin_kwargs_are_dropped():
+    kwargs = {"add_generation_prompt": False, "continue_final_message": True, "range": 1,
+              "lipsum": 2, "upper": 3, "join": 4, "equalto": 5, "strftime_now": 6,
+              "x": 7}  # fmt: skip
+    assert resolve(kwargs=kwargs).template_kwargs == {"x": 7}
+    assert resolve(kwargs={"raise_exception": "bound"}).template_kwargs == {
+        "raise_exception": "bound"
+    }
+
+
+def test_auto_standard_kwargs_are_unset():
+    defaults = {"enable_thinking": False, "preserve_thinking": True}
+    kwargs = {"enable_thinking": "auto", "preserve_thinking": "auto", "reasoning_effort": "auto"}
+    assert resolve(defaults, kwargs=kwargs).template_kwargs == defaults
+    assert resolve(kwargs={"mode": "auto"}).template_kwargs == {"mode": "auto"}  # not standard
+
+
+def test_raise_exception_kwarg_binds_in_the_render():
+    source = "{{ raise_exception }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    kwargs = resolve(kwargs={"raise_exception": "bound", "range": 5}).template_kwargs
+    rendered = template(source).render([{"role": "user", "content": "hi"}], template_kwargs=kwargs)
+    assert rendered == "boundhi"
+    refusing = template("{% if messages|length > 1 %}{{ raise_exception('one turn') }}{% endif %}")
+    with pytest.raises(TemplateError):  # a bound non-callable: the template's call fails, a 400
+        refusing.render([{}, {}], template_kwargs={"raise_exception": "bound"})
+    looping = "{% for i in range(2) %}{{ i }}{% endfor %}"
+    kwargs = resolve(kwargs={"range": 5}).template_kwargs
+    assert template(looping).render([], template_kwargs=kwargs) == "01"
 
 
 def test_request_overrides_server_defaults():

@@ -103,6 +103,15 @@ uint64_t expected_nbytes(const Validator& check, const std::string& name, DType 
     rows *= d;
   }
   int64_t cols = shape.back();
+  if (is_block_quantized(dtype)) {
+    if (shape.size() < 2) check.fail("tensor '" + name + "' is " + std::string(dtype_name(dtype)) + " but not a matrix");
+    if (const std::string problem = quantized_shape_problem(dtype, cols); !problem.empty())
+      check.fail("tensor '" + name + "': " + problem);
+    if (rows > (uint64_t(1) << 40) || cols > (int64_t(1) << 24)) check.fail("tensor '" + name + "' shape is too large");
+    const int64_t group_rows = shape[shape.size() - 2];
+    return static_cast<uint64_t>(
+        QuantizedLayout::of(dtype, static_cast<int64_t>(rows), cols, group_rows).nbytes);
+  }
   if (dtype == DType::Q8_0 && cols % kQ8BlockSize != 0) {
     check.fail("tensor '" + name + "' is q8_0 but its last dimension " + std::to_string(cols) +
                " is not a multiple of " + std::to_string(kQ8BlockSize));
@@ -224,6 +233,7 @@ std::unique_ptr<Artifact> Artifact::open(const std::string& path) {
                  std::string(dtype_name(view.dtype)) + " need " + std::to_string(expected));
     }
     view.data = data + offset;
+    view.group_rows = view.shape.size() >= 2 ? view.shape[view.shape.size() - 2] : 1;
     if (!artifact->tensor_index_.emplace(name, artifact->tensors_.size()).second) {
       check.fail(what + " appears twice");
     }

@@ -42,6 +42,10 @@ struct TensorView {
   std::vector<int64_t> shape;  // logical element shape (row-major; last axis contiguous)
   uint64_t nbytes = 0;
   const void* data = nullptr;  // points into the mapping; valid while the Artifact lives
+  // Rows of one matrix of the tensor as stored (shape[-2]; a stacked [E, N, K] tensor: N).
+  // Kept when a model views the tensor with other leading axes: FP8 block scales restart at
+  // every matrix.
+  int64_t group_rows = 1;
 
   int64_t numel() const {
     int64_t n = 1;

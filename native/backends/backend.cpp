@@ -1,9 +1,28 @@
 #include "backends/backend.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "cache/kv_pool.h"
+
 namespace ninfer {
+
+void kv_page_io_host(KvPool& kv, int32_t page, void* host, bool to_host) {
+  if (!kv.has_storage() || kv.storage().device != "cpu")
+    throw std::runtime_error("kv_page_io: the KV pool's storage is not in host memory");
+  if (page < 0 || page >= kv.num_pages()) throw std::out_of_range("kv_page_io: page outside the pool");
+  const size_t element = static_cast<size_t>(row_bytes(kv.storage().dtype, 1));
+  const size_t piece = static_cast<size_t>(kv.page_elems()) * element;
+  auto* base = static_cast<std::byte*>(kv.storage().memory.get());
+  auto* at = static_cast<std::byte*>(host);
+  for (int64_t layer = 0; layer < kv.num_layers(); ++layer)
+    for (int which = 0; which < 2; ++which, at += piece) {
+      std::byte* stored = base + static_cast<size_t>(kv.page_offset(layer, page, which)) * element;
+      if (to_host) std::memcpy(at, stored, piece);
+      else std::memcpy(stored, at, piece);
+    }
+}
 
 void MoeExperts::check(int64_t hidden) const {
   if (num_experts <= 0 || ff <= 0 || top_k <= 0 || top_k > num_experts)
@@ -17,6 +36,12 @@ Weight Backend::random_weight(int64_t, int64_t, uint64_t, float) {
   throw std::runtime_error("the " + name() + " backend cannot make random weights");
 }
 
+Weight Backend::random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t, uint64_t seed, float scale) {
+  if (dtype == DType::BF16) return random_weight(rows, cols, seed, scale);
+  throw std::runtime_error("the " + name() + " backend cannot make random " + std::string(dtype_name(dtype)) +
+                           " weights");
+}
+
 namespace {
 
 [[noreturn]] void not_implemented(const Backend& backend, const char* op) {
@@ -26,6 +51,10 @@ namespace {
 }  // namespace
 
 void Backend::fill_zero(float*, int64_t) { not_implemented(*this, "fill_zero"); }
+
+void Backend::kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) {
+  kv_page_io_host(kv, page, host, to_host);
+}
 void Backend::copy(float*, const float*, int64_t) { not_implemented(*this, "copy"); }
 void Backend::gdn_mixer(const GdnShape&, const GdnLayerWeights&, std::span<const GdnSlice>, float*,
                         const float*, const float*, const float*, float*, GdnForm) {

@@ -27,11 +27,18 @@ struct TensorView;
 
 // A weight matrix [rows, cols] (row-major, cols contiguous) resident on the backend.
 // For Q8_0, cols counts logical elements and each row is cols/32 blocks of 34 bytes.
+// For FP8 and NVFP4, data is the codes of row 0 (row_bytes(dtype, cols) per row) and the
+// scales are those of the whole tensor the weight was cut from (backends/quantized_weight.h):
+// row r of this weight is row first_row + r there.
 struct Weight {
   DType dtype = DType::F32;
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
+  const void* scales = nullptr;  // fp8: f32 block scales; nvfp4: e4m3 per-16 scales
+  const float* scale2 = nullptr;  // nvfp4: f32 per-row scales
+  int64_t group_rows = 0;         // fp8: rows of one matrix of the stack (block rows restart)
+  int64_t first_row = 0;
   explicit operator bool() const { return data != nullptr; }
 };
 
@@ -135,6 +142,9 @@ struct MoeExperts {
   void check(int64_t hidden) const;
 };
 
+// Backend::kv_page_io for a pool whose storage is in host memory.
+void kv_page_io_host(KvPool& kv, int32_t page, void* host, bool to_host);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -162,9 +172,17 @@ class Backend {
   // throws if the pool's storage lives elsewhere. Models call it once at load; kv_write and
   // attention call it too, so a pool built by hand works as well.
   virtual void bind_kv(KvPool& kv) = 0;
+  // Copies page `page` of every layer (layer by layer, K then V) between the pool and host
+  // memory, in the storage's own element type: kv.page_bytes(element size) bytes (the prefix
+  // cache file). The default handles host storage; device backends override it.
+  virtual void kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host);
   // A [rows, cols] weight of seeded pseudo-random values, uniform in [-scale, scale], made in
   // backend memory (benchmarks of real shapes without a weight file). Optional.
   virtual Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale);
+  // The same values quantized to `dtype` (FP8 or NVFP4; BF16 calls random_weight), for a
+  // [rows, cols] weight of `group_rows`-row matrices. Optional.
+  virtual Weight random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t group_rows, uint64_t seed,
+                                         float scale);
 
   // --- ops (all array arguments are backend memory unless marked host) ---------------
   // y[m, w.rows] = x[m, w.cols] · w^T (+ bias[w.rows] when bias is non-null).

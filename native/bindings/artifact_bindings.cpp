@@ -17,7 +17,7 @@ py::dtype numpy_dtype(DType dtype) {
     case DType::F32: return py::dtype::of<float>();
     case DType::F16: return py::dtype("float16");
     case DType::BF16: return py::dtype::of<uint16_t>();
-    case DType::Q8_0: return py::dtype::of<uint8_t>();
+    case DType::Q8_0: case DType::FP8: case DType::NVFP4: return py::dtype::of<uint8_t>();
     case DType::I32: return py::dtype::of<int32_t>();
   }
   throw std::logic_error("unhandled dtype");
@@ -26,6 +26,7 @@ py::dtype numpy_dtype(DType dtype) {
 std::vector<int64_t> numpy_shape(const TensorView& view) {
   std::vector<int64_t> shape = view.shape;
   if (view.dtype == DType::Q8_0) shape.back() = row_bytes(DType::Q8_0, shape.back());
+  if (is_block_quantized(view.dtype)) return {static_cast<int64_t>(view.nbytes)};  // codes, then scales
   return shape;
 }
 

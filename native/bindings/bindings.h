@@ -3,7 +3,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "common/row_sampling.h"
+#include "engine/constraint_matcher.h"
 
 namespace ninfer::bindings {
 
@@ -19,5 +22,11 @@ void bind_cuda_sampling(pybind11::module_& m);  // cuda_sampling_bindings.cpp (c
 // A SamplingBatch from a list of row dicts (see _core.sample_rows_host).
 SamplingBatch sampling_batch_from(const pybind11::list& rows);  // sampling_bindings.cpp
 void bind_cuda_gemv(pybind11::module_& m);    // cuda_gemv_bindings.cpp (called by bind_cuda)
+void bind_cuda_quant(pybind11::module_& m);   // cuda_quant_bindings.cpp (called by bind_cuda)
+void bind_grammar(pybind11::module_& m);      // grammar_bindings.cpp (called by bind_engine)
+pybind11::dict constraint_stats_dict(const ConstraintStats& stats);  // grammar_bindings.cpp
+// Compiles with the GIL released; kind as GrammarKind's name.
+CompileOutcome compile_grammar(GrammarCompiler& compiler, const std::string& kind, const std::string& source,
+                               const std::string& lead);
 
 }  // namespace ninfer::bindings

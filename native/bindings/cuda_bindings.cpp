@@ -430,6 +430,7 @@ void bind_cuda(py::module_& m) {
            py::arg("prefill_kv_stages") = 0, py::arg("reps") = 10);
   bind_cuda_hybrid(m);
   bind_cuda_gemv(m);
+  bind_cuda_quant(m);
 #else
   m.def("cuda_device_count", [] { return 0; }, "CUDA devices visible (this build has no CUDA backend).");
   m.def("cuda_graph_replays", [] { return 0; }, "Decode steps replayed as CUDA graphs (no CUDA backend: 0).");

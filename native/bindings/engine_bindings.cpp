@@ -62,6 +62,7 @@ const char* kind_name(EventKind k) {
     case EventKind::Admitted: return "admitted";
     case EventKind::Output: return "output";
     case EventKind::QueueTimeout: return "queue_timeout";
+    case EventKind::PromptProgress: return "prompt_progress";
   }
   return "?";
 }
@@ -106,6 +107,31 @@ py::dict stats_dict(const EngineStats& s) {
   d["pending"] = s.pending;
   d["kv_pages_total"] = s.kv_pages_total;
   d["kv_pages_free"] = s.kv_pages_free;
+  d["kv_pages_cached"] = s.kv_pages_cached;
+  d["kv_capacity_tokens"] = s.kv_capacity_tokens;
+  d["paused"] = s.paused;
+  d["pauses"] = s.pauses;
+  d["prefix_reuse"] = s.prefix_reuse;
+  py::dict c;
+  const PrefixCacheStats& k = s.cache;
+  c["blocks"] = k.blocks;
+  c["unreferenced_blocks"] = k.unreferenced_blocks;
+  c["snapshots"] = k.snapshots;
+  c["snapshot_slots"] = k.snapshot_slots;
+  c["lookups"] = k.lookups;
+  c["hits"] = k.hits;
+  c["reused_tokens"] = k.reused_tokens;
+  c["snapshot_hits"] = k.snapshot_hits;
+  c["blocks_inserted"] = k.blocks_inserted;
+  c["blocks_duplicate"] = k.blocks_duplicate;
+  c["evicted_blocks"] = k.evicted_blocks;
+  c["snapshots_created"] = k.snapshots_created;
+  c["snapshots_evicted"] = k.snapshots_evicted;
+  c["taps_created"] = k.taps_created;
+  c["taps_skipped"] = k.taps_skipped;
+  c["endpoints_created"] = k.endpoints_created;
+  d["prefix_cache"] = c;
+  d["cache_problem"] = s.cache_problem;
   d["state_slots_total"] = s.state_slots_total;
   d["state_slots_used"] = s.state_slots_used;
   d["requests_admitted"] = s.requests_admitted;
@@ -155,8 +181,17 @@ SamplingParams make_sampling(float temperature, float top_p, int32_t top_k, floa
 
 EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t prefill_chunk, int32_t max_pending,
                            int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling,
+                           int64_t kv_capacity, int64_t vram_headroom_mib, bool prefix_reuse, int32_t snapshot_slots,
+                           int32_t taps_per_request, int32_t tap_ladder, int32_t tap_min_gap,
                            int32_t mtp_draft_tokens, int32_t ngram_draft_tokens, int32_t ngram_min_match) {
   EngineOptions o;
+  o.kv_capacity = kv_capacity;
+  o.vram_headroom_mib = vram_headroom_mib;
+  o.prefix_reuse = prefix_reuse;
+  o.snapshot_slots = snapshot_slots;
+  o.taps_per_request = taps_per_request;
+  o.tap_ladder = tap_ladder;
+  o.tap_min_gap = tap_min_gap;
   o.spec.mtp_draft_tokens = mtp_draft_tokens;
   o.spec.ngram_draft_tokens = ngram_draft_tokens;
   o.spec.ngram_min_match = ngram_min_match;
@@ -209,8 +244,22 @@ void bind_events(py::module_& m) {
         if (e.stop_token < 0) return py::none();
         return py::int_(e.stop_token);
       })
+      .def_property_readonly("constraint",
+                             [](const EngineEvent& e) -> py::object {
+                               if (!e.constraint) return py::none();
+                               return constraint_stats_dict(*e.constraint);
+                             })
       .def_readonly("prompt_tokens", &EngineEvent::prompt_tokens)
+      .def_readonly("cached_tokens", &EngineEvent::cached_tokens)
+      .def_readonly("prompt_processed", &EngineEvent::prompt_processed)
       .def_readonly("completion_tokens", &EngineEvent::completion_tokens)
+      .def_property_readonly("logits",
+                             [](const EngineEvent& e) -> py::object {
+                               if (e.logits.empty()) return py::none();
+                               py::array_t<float> out(static_cast<py::ssize_t>(e.logits.size()));
+                               std::memcpy(out.mutable_data(), e.logits.data(), e.logits.size() * sizeof(float));
+                               return out;
+                             })
       .def_property_readonly("queue_ms", [](const EngineEvent& e) { return e.timings.queue_ms; })
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
@@ -248,7 +297,17 @@ void bind_engine_class(py::module_& m) {
       .def(py::init(&make_options), py::kw_only(), py::arg("max_concurrency") = 1, py::arg("max_context") = 0,
            py::arg("prefill_chunk") = 512, py::arg("max_pending") = 16, py::arg("pending_timeout_ms") = 0,
            py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("device_sampling") = true,
-           py::arg("mtp_draft_tokens") = 0, py::arg("ngram_draft_tokens") = 0, py::arg("ngram_min_match") = 12)
+           py::arg("kv_capacity") = 0, py::arg("vram_headroom_mib") = 1024, py::arg("prefix_reuse") = true,
+           py::arg("snapshot_slots") = 0, py::arg("taps_per_request") = -1, py::arg("tap_ladder") = 0,
+           py::arg("tap_min_gap") = 0, py::arg("mtp_draft_tokens") = 0, py::arg("ngram_draft_tokens") = 0,
+           py::arg("ngram_min_match") = 12)
+      .def_readwrite("kv_capacity", &EngineOptions::kv_capacity)
+      .def_readwrite("vram_headroom_mib", &EngineOptions::vram_headroom_mib)
+      .def_readwrite("prefix_reuse", &EngineOptions::prefix_reuse)
+      .def_readwrite("snapshot_slots", &EngineOptions::snapshot_slots)
+      .def_readwrite("taps_per_request", &EngineOptions::taps_per_request)
+      .def_readwrite("tap_ladder", &EngineOptions::tap_ladder)
+      .def_readwrite("tap_min_gap", &EngineOptions::tap_min_gap)
       .def_readwrite("max_concurrency", &EngineOptions::max_concurrency)
       .def_readwrite("max_context", &EngineOptions::max_context)
       .def_readwrite("prefill_chunk", &EngineOptions::prefill_chunk)
@@ -275,20 +334,22 @@ void bind_engine_class(py::module_& m) {
       .def_static(
           "open",
           [](const std::string& artifact_path, const EngineOptions& options, const std::vector<py::bytes>& token_bytes,
-             std::optional<std::vector<int32_t>> eos_ids, int threads, const std::string& device) {
+             std::optional<std::vector<int32_t>> eos_ids, int threads, const std::string& device,
+             int64_t random_weights_seed) {
             auto bytes = bytes_list(token_bytes);
             EngineOptions resolved = options;
             if (eos_ids) resolved.eos_ids = *eos_ids;
             RuntimeOptions runtime;
             runtime.threads = threads;
             runtime.device = device;
+            runtime.random_weights_seed = random_weights_seed;
             py::gil_scoped_release release;
             PyEngine e;
             e.engine = open_engine(artifact_path, std::move(resolved), std::move(bytes), runtime);
             return e;
           },
           py::arg("artifact_path"), py::arg("options"), py::arg("token_bytes"), py::arg("eos_ids") = py::none(),
-          py::arg("threads") = 0, py::arg("device") = "cpu",
+          py::arg("threads") = 0, py::arg("device") = "cpu", py::arg("random_weights_seed") = -1,
           "An engine over a .ninfer artifact's model. eos_ids None = options.eos_ids, or the artifact's own.")
       .def(
           "submit",
@@ -297,6 +358,10 @@ void bind_engine_class(py::module_& m) {
              std::optional<uint64_t> seed, std::vector<int32_t> stop_token_ids, const py::iterable& stop_strings,
              bool ignore_eos, int32_t min_tokens, int32_t thinking_budget, bool thinking_open,
              int32_t think_open_id, int32_t think_close_id, std::vector<int32_t> thinking_close_ids,
+             std::optional<CompileOutcome> constraint, int32_t constraint_start_after,
+             const std::string& constraint_prefix,
+             bool capture_logits, std::vector<int32_t> cache_candidates,
+             bool report_progress,
              std::vector<int32_t> draft_oracle) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
@@ -306,12 +371,19 @@ void bind_engine_class(py::module_& m) {
             p.stop_strings = stop_list(stop_strings);
             p.ignore_eos = ignore_eos;
             p.min_tokens = min_tokens;
+            p.capture_logits = capture_logits;
+            p.cache_candidates = std::move(cache_candidates);
             p.thinking.limit = thinking_budget;
             p.thinking.starts_open = thinking_open;
             p.thinking.open_id = think_open_id;
             p.thinking.close_id = think_close_id;
             p.thinking.close_ids = std::move(thinking_close_ids);
             p.draft_oracle = std::move(draft_oracle);
+            if (constraint) {
+              p.constraint = ConstraintRequest{constraint->constraint, constraint_start_after, constraint->cache,
+                                               constraint->seconds, constraint_prefix};
+            }
+            p.report_progress = report_progress;
             py::gil_scoped_release release;
             return self.engine->submit(std::move(p));
           },
@@ -321,9 +393,30 @@ void bind_engine_class(py::module_& m) {
           py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("stop_strings") = py::list(),
           py::arg("ignore_eos") = false, py::arg("min_tokens") = 0, py::arg("thinking_budget") = -1,
           py::arg("thinking_open") = false, py::arg("think_open_id") = -1, py::arg("think_close_id") = -1,
-          py::arg("thinking_close_ids") = std::vector<int32_t>{}, py::arg("draft_oracle") = std::vector<int32_t>{},
+          py::arg("thinking_close_ids") = std::vector<int32_t>{}, py::arg("constraint") = py::none(),
+          py::arg("constraint_start_after") = -1, py::arg("constraint_prefix") = "",
+          py::arg("capture_logits") = false, py::arg("cache_candidates") = std::vector<int32_t>{},
+          py::arg("report_progress") = false, py::arg("draft_oracle") = std::vector<int32_t>{},
           "thinking_budget >= 0 caps the tokens committed while thinking is open: then "
-          "thinking_close_ids are committed without sampling (see engine/thinking_budget.h).")
+          "thinking_close_ids are committed without sampling (see engine/thinking_budget.h). "
+          "constraint: a compiled grammar; tokens outside it are never sampled. "
+          "report_progress: a prompt_progress event after each prefill chunk that leaves more prompt.")
+      .def(
+          "compile_grammar",
+          [](PyEngine& self, const std::string& kind, const std::string& source, const std::string& lead) {
+            GrammarCompiler* compiler = nullptr;
+            {
+              py::gil_scoped_release release;
+              compiler = &self.engine->grammars();
+            }
+            return compile_grammar(*compiler, kind, source, lead);
+          },
+          py::arg("kind"), py::arg("source"), py::arg("lead") = "",
+          "Compiles (or finds in the cache) an output constraint over this engine's vocabulary.")
+      .def(
+          "set_grammar_special_ids",
+          [](PyEngine& self, std::vector<int32_t> ids) { self.engine->set_grammar_special_ids(std::move(ids)); },
+          py::arg("ids"), "Control tokens no output constraint may produce; before the first compile.")
       .def(
           "cancel", [](PyEngine& self, uint64_t id) { self.engine->cancel(id); }, py::arg("request_id"),
           py::call_guard<py::gil_scoped_release>())
@@ -337,24 +430,56 @@ void bind_engine_class(py::module_& m) {
              return events;
            })
       .def_property_readonly("event_fd", [](const PyEngine& self) { return self.engine->event_fd(); })
-      .def("stats",
-           [](const PyEngine& self) {
-             EngineStats s;
-             {
-               py::gil_scoped_release release;
-               s = self.engine->stats();
-             }
-             return stats_dict(s);
-           })
+      .def(
+          "stats",
+          [](const PyEngine& self, bool check_cache) {
+            EngineStats s;
+            {
+              py::gil_scoped_release release;
+              s = self.engine->stats(check_cache);
+            }
+            py::dict d = stats_dict(s);
+            if (!check_cache) d["cache_problem"] = py::none();
+            return d;
+          },
+          py::kw_only(), py::arg("check_cache") = false,
+          "check_cache: also verify the prefix cache's invariants (cache_problem: \"\" when they hold).")
       .def_property_readonly("healthy", [](const PyEngine& self) { return self.engine->healthy(); })
       .def_property_readonly("samples_on_device",
                              [](const PyEngine& self) { return self.engine->samples_on_device(); })
       .def_property_readonly("max_context", [](const PyEngine& self) { return self.engine->options().max_context; })
+      .def_property_readonly("kv_capacity",
+                             [](const PyEngine& self) { return self.engine->stats().kv_capacity_tokens; })
+      .def_property_readonly("options", [](const PyEngine& self) { return self.engine->options(); })
       .def_property_readonly("max_concurrency",
                              [](const PyEngine& self) { return self.engine->options().max_concurrency; })
       .def_property_readonly("eos_ids", [](const PyEngine& self) { return self.engine->options().eos_ids; })
       .def_property_readonly("model_info", [](const PyEngine& self) { return info_dict(self.engine->model_info()); })
       .def("shutdown", [](PyEngine& self) { self.engine->shutdown(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "save_prefix_cache",
+          [](PyEngine& self, const std::string& path) {
+            CacheFileReport r;
+            {
+              py::gil_scoped_release release;
+              r = self.engine->save_prefix_cache(path);
+            }
+            return py::dict(py::arg("ok") = r.ok, py::arg("message") = r.message, py::arg("blocks") = r.blocks,
+                            py::arg("snapshots") = r.snapshots, py::arg("bytes") = r.bytes);
+          },
+          py::arg("path"), "After shutdown: writes the prefix cache to PATH.tmp, then renames it to PATH.")
+      .def(
+          "load_prefix_cache",
+          [](PyEngine& self, const std::string& path) {
+            CacheFileReport r;
+            {
+              py::gil_scoped_release release;
+              r = self.engine->load_prefix_cache(path);
+            }
+            return py::dict(py::arg("ok") = r.ok, py::arg("message") = r.message, py::arg("blocks") = r.blocks,
+                            py::arg("snapshots") = r.snapshots, py::arg("bytes") = r.bytes);
+          },
+          py::arg("path"), "Before the first submit: restores what PATH holds (a foreign or damaged file: nothing).")
       .def(
           "inject_step_failures",
           [](PyEngine& self, int count, bool out_of_memory) { self.engine->inject_step_failures(count, out_of_memory); },
@@ -368,6 +493,13 @@ void bind_engine_class(py::module_& m) {
             self.toy->fail_next_forwards(count);
           },
           py::arg("count"))
+      .def(
+          "toy_set_step_delay_us",
+          [](PyEngine& self, int64_t us) {
+            if (!self.toy) throw py::value_error("only toy engines have this hook");
+            self.toy->set_step_delay_us(us);
+          },
+          py::arg("us"), "Every toy forward sleeps this long (paces the engine like a real model).")
       .def(
           "toy_sample_on_device",
           [](PyEngine& self, bool on) {
@@ -459,6 +591,7 @@ void bind_sampling_tools(py::module_& m) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  bind_grammar(m);
   bind_events(m);
   bind_engine_class(m);
   bind_sampling_tools(m);

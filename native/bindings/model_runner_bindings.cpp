@@ -25,7 +25,7 @@ namespace {
 class ModelRunner {
  public:
   ModelRunner(const std::string& path, int max_lanes, int max_batch_tokens, int threads, int max_context,
-              const std::string& device, int64_t random_weights_seed)
+              const std::string& device, int64_t random_weights_seed, const std::string& random_weights_dtype)
       : artifact_(Artifact::open(path)), max_context_(max_context) {
     if (max_lanes <= 0 || max_batch_tokens <= 0 || max_context <= 0)
       throw py::value_error("max_lanes, max_batch_tokens and max_context must be positive");
@@ -38,6 +38,7 @@ class ModelRunner {
     options.threads = threads;
     options.device = device;
     options.random_weights_seed = random_weights_seed;
+    options.random_weights_dtype = random_weights_dtype;
     model_ = load_model(*artifact_, *kv_, options);
     lanes_.resize(static_cast<size_t>(max_lanes));
   }
@@ -240,9 +241,10 @@ py::dict info_dict(const ModelInfo& i) {
 
 void bind_model_runner(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
-      .def(py::init<const std::string&, int, int, int, int, const std::string&, int64_t>(), py::arg("artifact_path"),
-           py::arg("max_lanes") = 1, py::arg("max_batch_tokens") = 512, py::arg("threads") = 0,
-           py::arg("max_context") = 2048, py::arg("device") = "cpu", py::arg("random_weights_seed") = -1)
+      .def(py::init<const std::string&, int, int, int, int, const std::string&, int64_t, const std::string&>(),
+           py::arg("artifact_path"), py::arg("max_lanes") = 1, py::arg("max_batch_tokens") = 512,
+           py::arg("threads") = 0, py::arg("max_context") = 2048, py::arg("device") = "cpu",
+           py::arg("random_weights_seed") = -1, py::arg("random_weights_dtype") = "bf16")
       .def_property_readonly("info", [](const ModelRunner& r) { return info_dict(r.info()); })
       .def("forward", &ModelRunner::forward, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
            py::arg("all_logits") = false,

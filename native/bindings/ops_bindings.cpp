@@ -15,6 +15,7 @@
 
 #include "artifact/artifact.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/quantized_weight.h"
 #include "bindings/bindings.h"
 #include "cache/kv_pool.h"
 #include "common/json.h"
@@ -56,9 +57,19 @@ T* checked(py::array& a, const char* what, std::vector<py::ssize_t> shape, bool 
 }
 
 // Wraps a raw weight array (f32 [n, k], f16/bf16 bits uint16 [n, k], q8_0 bytes uint8
-// [n, k/32*34]) as a Weight with k logical columns.
-Weight weight_of(py::array& w, const std::string& dtype_name, int64_t k) {
+// [n, k/32*34]; fp8/nvfp4: the tensor's stored bytes, uint8 1-D, with `rows` rows of which
+// `group_rows` form one matrix, -1: all) as a Weight with k logical columns.
+Weight weight_of(py::array& w, const std::string& dtype_name, int64_t k, int64_t rows = -1,
+                 int64_t group_rows = -1) {
   const DType dtype = dtype_from_name(dtype_name);
+  if (is_block_quantized(dtype)) {
+    if (rows < 1) throw py::value_error("fp8/nvfp4 weights need their row count");
+    if (const std::string problem = quantized_shape_problem(dtype, k); !problem.empty()) throw py::value_error(problem);
+    const int64_t g = group_rows > 0 ? group_rows : rows;
+    if (rows % g) throw py::value_error("rows must be a multiple of group_rows");
+    checked<uint8_t>(w, "weight", {QuantizedLayout::of(dtype, rows, k, g).nbytes});
+    return quantized_weight_at(dtype, rows, k, g, w.data());
+  }
   const int64_t n = w.ndim() == 2 ? w.shape(0) : -1;
   switch (dtype) {
     case DType::F32: checked<float>(w, "weight", {n, k}); break;
@@ -67,16 +78,16 @@ Weight weight_of(py::array& w, const std::string& dtype_name, int64_t k) {
       if (k % kQ8BlockSize != 0) throw py::value_error("q8_0 weights need k divisible by 32");
       checked<uint8_t>(w, "weight", {n, row_bytes(dtype, k)});
       break;
-    case DType::I32: throw py::value_error("i32 is not a weight dtype");
+    case DType::I32: case DType::FP8: case DType::NVFP4: throw py::value_error("i32 is not a weight dtype");
   }
   return Weight{dtype, n, k, w.data()};
 }
 
 void matmul(py::array x, py::array w, const std::string& dtype, py::array out, std::optional<py::array> bias,
-            int threads) {
+            int threads, int64_t group_rows) {
   const int64_t m = x.ndim() == 2 ? x.shape(0) : -1, k = x.ndim() == 2 ? x.shape(1) : -1;
   const float* xp = checked<float>(x, "x", {m, k});
-  const Weight weight = weight_of(w, dtype, k);
+  const Weight weight = weight_of(w, dtype, k, out.ndim() == 2 ? out.shape(1) : -1, group_rows);
   float* yp = checked<float>(out, "out", {m, weight.rows}, true);
   const float* bp = bias ? checked<float>(*bias, "bias", {weight.rows}) : nullptr;
   py::gil_scoped_release release;
@@ -176,12 +187,20 @@ py::tuple rope_inv_freq(const std::string& config_json, int64_t seq_len) {
 
 void bind_ops(py::module_& m) {
   m.def("set_cpu_kernels", [](const std::string& name) { cpu::select_cpu_kernels(name); }, py::arg("name"),
-        "Selects the CPU kernel set: 'auto', 'scalar' (portable) or 'avx2'.");
+        "Selects the CPU kernel set: 'auto', 'scalar', 'avx2', 'avxvnni' or 'avx512vnni'.");
   m.def("cpu_kernels", [] { return std::string(cpu::cpu_kernels().name); }, "Name of the active CPU kernel set.");
+  m.def(
+      "best_cpu_kernels",
+      [](bool avx2_fma_f16c, bool avxvnni, bool avx512_f_bw_dq_vl_vnni) {
+        return std::string(cpu::best_kernel_name({avx2_fma_f16c, avxvnni, avx512_f_bw_dq_vl_vnni}));
+      },
+      py::arg("avx2_fma_f16c"), py::arg("avxvnni"), py::arg("avx512_f_bw_dq_vl_vnni"),
+      "The kernel set 'auto' picks on a CPU with these features (whether or not this one has them).");
   m.def("matmul", &matmul, py::arg("x"), py::arg("w"), py::arg("dtype"), py::arg("out"),
-        py::arg("bias") = py::none(), py::arg("threads") = 0,
+        py::arg("bias") = py::none(), py::arg("threads") = 0, py::arg("group_rows") = -1,
         "out[m, n] = x[m, k] @ w[n, k]^T (+ bias). w: f32 [n,k]; f16/bf16 bits uint16 [n,k]; "
-        "q8_0 block bytes uint8 [n, k/32*34].");
+        "q8_0 block bytes uint8 [n, k/32*34]; fp8/nvfp4: the stored tensor bytes, uint8 1-D "
+        "(group_rows: rows per matrix of a stack, -1: n).");
   m.def("embedding", &embedding, py::arg("table"), py::arg("dtype"), py::arg("tokens"), py::arg("out"),
         py::arg("threads") = 0);
   m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("out"),

@@ -31,7 +31,8 @@ SamplingBatch sampling_batch_from(const py::list& rows) {
     const auto row = item.cast<py::dict>();
     for (const auto& [key, value] : row) {
       static const std::vector<std::string> known = {"temperature", "top_k", "top_p", "min_p", "presence_penalty",
-                                                     "frequency_penalty", "uniform", "penalties", "suppressed"};
+                                                     "frequency_penalty", "uniform", "penalties", "suppressed",
+                                                     "bitmask"};
       const auto name = key.cast<std::string>();
       if (std::find(known.begin(), known.end(), name) == known.end())
         throw py::value_error("unknown sampling row field '" + name + "'");
@@ -49,7 +50,8 @@ SamplingBatch sampling_batch_from(const py::list& rows) {
       tokens.push_back(token);
       counts.push_back(count);
     }
-    batch.add_row(r, tokens, counts, field(row, "suppressed", std::vector<int32_t>{}));
+    batch.add_row(r, tokens, counts, field(row, "suppressed", std::vector<int32_t>{}),
+                  field(row, "bitmask", std::vector<uint32_t>{}));
   }
   batch.validate();
   return batch;
@@ -74,7 +76,8 @@ void bind_sampling(py::module_& m) {
       py::arg("logits"), py::arg("rows"),
       "What a device sampler must return for each row (ids, or -1 for a NaN, -2 for no selectable token): the "
       "Sampler's choice with the row's draw. rows: dicts of temperature, top_k, top_p, min_p, presence_penalty, "
-      "frequency_penalty, uniform, penalties {token: count}, suppressed [ids].");
+      "frequency_penalty, uniform, penalties {token: count}, suppressed [ids], bitmask [uint32 words of the "
+      "allowed tokens].");
   bind_cuda_sampling(m);
 }
 

@@ -1,5 +1,10 @@
 // Paged KV storage shared by all lanes: fixed 64-token pages allocated from a free list.
 //
+// Pages are reference counted: a running sequence holds one reference to every page of its
+// page table and the prefix cache holds one to every page its block tree keeps, so a cached
+// block can be mapped into several sequences at once. A page returns to the free list when
+// its last reference goes.
+//
 // Layout of page p for layer l, in elements of the storage's dtype:
 //   K: [kPageTokens][num_kv_heads][head_dim] at element page_offset(l, p, 0)
 //   V: same shape at element page_offset(l, p, 1)
@@ -13,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +43,18 @@ class KvPool {
 
   int64_t num_pages() const { return num_pages_; }
   int64_t free_pages() const { return static_cast<int64_t>(free_list_.size()); }
+  int64_t capacity_tokens() const { return num_pages_ * kPageTokens; }
+  // Bytes one page takes in storage of `element_bytes` per element (all layers, K and V).
+  int64_t page_bytes(int64_t element_bytes) const { return num_layers_ * 2 * page_elems() * element_bytes; }
+  // Changes the page count; only before storage is attached and while no page is taken
+  // (startup sizing from the memory left after the weights). Throws otherwise.
+  void resize(int64_t num_pages);
+  // A sizing rule the backend applies when it attaches storage: given the bytes it could
+  // still use and the bytes of one page, the page count (for --kv-capacity auto).
+  using Sizer = std::function<int64_t(int64_t available_bytes, int64_t page_bytes)>;
+  void set_sizer(Sizer sizer) { sizer_ = std::move(sizer); }
+  // Applies the sizer, if any, once (backends call it in bind_kv before allocating).
+  void resolve_size(int64_t available_bytes, int64_t element_bytes);
   int64_t num_layers() const { return num_layers_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
@@ -44,9 +62,14 @@ class KvPool {
   // Elements of the whole storage (all layers, K and V).
   int64_t storage_elems() const { return num_pages_ * num_layers_ * 2 * page_elems(); }
 
-  // Takes `count` pages, or none when fewer are free.
+  // Takes `count` pages (one reference each), or none when fewer are free.
   std::optional<std::vector<int32_t>> allocate(int64_t count);
+  // Adds a reference to a taken page.
+  void retain(int32_t page);
+  // Drops one reference from each page; a page without references becomes free.
   void release(const std::vector<int32_t>& pages);
+  void release(int32_t page);
+  int32_t refs(int32_t page) const { return refs_.at(static_cast<size_t>(page)); }
 
   // --- storage ---------------------------------------------------------------------------
   bool has_storage() const { return storage_.memory != nullptr; }
@@ -67,6 +90,8 @@ class KvPool {
   KvStorage storage_;
   float* host_f32_ = nullptr;  // storage_.memory when it is host float32
   std::vector<int32_t> free_list_;
+  std::vector<int32_t> refs_;  // references per page; 0 = on the free list
+  Sizer sizer_;
 };
 
 }  // namespace ninfer

@@ -23,28 +23,46 @@ struct RowSampling {
   double uniform = 0.0;  // the row's draw in [0, 1)
   int32_t penalty_begin = 0, penalty_count = 0;        // SamplingBatch::penalty_tokens/_counts
   int32_t suppressed_begin = 0, suppressed_count = 0;  // SamplingBatch::suppressed
+  int32_t mask_begin = -1;  // first word of the row's grammar bitmask in SamplingBatch::bitmask;
+                            // -1: unconstrained. Tokens without their bit set are never chosen.
 };
-static_assert(sizeof(RowSampling) == 48, "RowSampling is uploaded as raw bytes");
+static_assert(sizeof(RowSampling) == 56, "RowSampling is uploaded as raw bytes");
 
 // Written instead of a token id where the Sampler would throw.
 inline constexpr int32_t kSampledNaN = -1;      // a logit is NaN
 inline constexpr int32_t kSampledNothing = -2;  // every logit is -inf or one is +inf
 
-// One step's rows with their penalty (token, count) pairs and suppressed ids, flattened.
+// One step's rows with their penalty (token, count) pairs, suppressed ids and grammar
+// bitmasks, flattened.
 struct SamplingBatch {
   std::vector<RowSampling> rows;  // one per logit row, in row order
   std::vector<int32_t> penalty_tokens, penalty_counts;
   std::vector<int32_t> suppressed;
+  // Packed token bitmasks of the constrained rows (bit t%32 of word t/32 set = token t
+  // allowed; ids past bitmask_words * 32 are never allowed), bitmask_words words each.
+  std::vector<uint32_t> bitmask;
+  int32_t bitmask_words = 0;
 
   void clear() {
     rows.clear();
     penalty_tokens.clear();
     penalty_counts.clear();
     suppressed.clear();
+    bitmask.clear();
+    bitmask_words = 0;
   }
-  // Appends a row; `row`'s list offsets are set here.
+  // Appends a row; `row`'s list offsets are set here. A non-empty `mask` constrains it (every
+  // masked row of a batch has the same number of words).
   void add_row(RowSampling row, std::span<const int32_t> tokens, std::span<const int32_t> counts,
-               std::span<const int32_t> suppressed_ids) {
+               std::span<const int32_t> suppressed_ids, std::span<const uint32_t> mask = {}) {
+    row.mask_begin = -1;
+    if (!mask.empty()) {
+      if (bitmask_words == 0) bitmask_words = static_cast<int32_t>(mask.size());
+      if (static_cast<size_t>(bitmask_words) != mask.size())
+        throw std::invalid_argument("sampling batch: every bitmask of a batch has the same length");
+      row.mask_begin = static_cast<int32_t>(bitmask.size());
+      bitmask.insert(bitmask.end(), mask.begin(), mask.end());
+    }
     if (tokens.size() != counts.size()) throw std::invalid_argument("penalty tokens and counts differ in length");
     row.penalty_begin = static_cast<int32_t>(penalty_tokens.size());
     row.penalty_count = static_cast<int32_t>(tokens.size());
@@ -64,7 +82,9 @@ struct SamplingBatch {
     };
     for (const RowSampling& r : rows)
       if (!inside(r.penalty_begin, r.penalty_count, penalty_tokens.size()) ||
-          !inside(r.suppressed_begin, r.suppressed_count, suppressed.size()) || !(r.uniform >= 0.0 && r.uniform < 1.0))
+          !inside(r.suppressed_begin, r.suppressed_count, suppressed.size()) ||
+          !(r.mask_begin == -1 || inside(r.mask_begin, bitmask_words, bitmask.size())) ||
+          !(r.uniform >= 0.0 && r.uniform < 1.0))
         throw std::invalid_argument("sampling batch: a row's lists lie outside the batch or its draw outside [0, 1)");
   }
 };

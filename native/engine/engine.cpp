@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string_view>
+
+#include "engine/constraint_matcher.h"
 
 namespace ninfer {
 
@@ -48,6 +52,35 @@ int64_t kv_pages_for(const EngineOptions& options) {
   return static_cast<int64_t>(options.max_concurrency) * pages_per_lane;
 }
 
+EngineOptions resolve_cache_defaults(EngineOptions o) {
+  // Without a host tier (not built yet) the spec's smaller defaults apply.
+  if (o.snapshot_slots <= 0) o.snapshot_slots = o.max_concurrency + 3;
+  if (o.taps_per_request < 0) o.taps_per_request = 2;
+  if (o.tap_ladder <= 0) o.tap_ladder = std::max(4096, 2 * o.prefill_chunk);
+  if (o.tap_min_gap <= 0) o.tap_min_gap = std::max(1024, o.prefill_chunk);
+  return o;
+}
+
+namespace {
+
+uint64_t model_identity(const ModelInfo& info) {
+  // The device cache lives as long as the process and its one model, so the identity only has
+  // to separate what could differ inside one build: the architecture and its shapes.
+  uint64_t h = std::hash<std::string>{}(info.architecture + "|" + info.weight_format);
+  for (int64_t v : {info.vocab_size, info.hidden_size, info.num_layers, info.num_kv_layers, info.num_kv_heads,
+                    info.head_dim, info.num_params, info.weight_bytes})
+    h = h * 0x100000001b3ULL ^ static_cast<uint64_t>(v);
+  return h;
+}
+
+std::unique_ptr<PrefixCache> make_cache(const EngineOptions& options, KvPool* pool, Model* model) {
+  if (!options.prefix_reuse || !pool || !model) return nullptr;
+  return std::make_unique<PrefixCache>(*pool, model_identity(model->info()), model->snapshot_slots(),
+                                       model->has_recurrent_state());
+}
+
+}  // namespace
+
 Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, EngineOptions options,
                std::vector<std::string> token_bytes, std::shared_ptr<const void> keepalive)
     : keepalive_(std::move(keepalive)),
@@ -56,8 +89,9 @@ Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, Engin
       options_(std::move(options)),
       token_bytes_(std::move(token_bytes)),
       vocab_size_(model_ ? model_->info().vocab_size : 0),
+      cache_(make_cache(options_, pool_.get(), model_.get())),
       scheduler_((options_.max_concurrency >= 1 && options_.max_concurrency <= 8) ? options_.max_concurrency : 1,
-                 std::max(options_.prefill_chunk, 1), *pool_),
+                 std::max(options_.prefill_chunk, 1), *pool_, cache_.get()),
       sampling_pool_(sampling_threads(options_.max_concurrency)) {
   if (!pool_ || !model_) throw std::invalid_argument("engine needs a model and a KV pool");
   if (options_.max_concurrency < 1 || options_.max_concurrency > 8)
@@ -83,10 +117,6 @@ Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, Engin
                                                         (1 + options_.spec.max_drafts());
     hidden_.resize(static_cast<size_t>(tokens * model_->info().hidden_size));
   }
-  if (pool_->free_pages() < kv_pages_for(options_))
-    throw std::invalid_argument("KV pool has " + std::to_string(pool_->free_pages()) + " pages but " +
-                                std::to_string(kv_pages_for(options_)) +
-                                " are needed for every lane to reach max_context");
   logits_.resize(static_cast<size_t>(options_.max_concurrency * (1 + options_.spec.max_drafts()) * vocab_size_));
   worker_ = std::thread([this] { run(); });
 }
@@ -136,6 +166,12 @@ std::string Engine::validate(const GenerationParams& p) const {
                std::to_string(vocab_size_) + ")";
   }
   if (t.open_id >= vocab_size_ || t.close_id >= vocab_size_) return "thinking marker ids are outside the vocabulary";
+  if (p.constraint) {
+    if (!p.constraint->grammar) return "the constraint has no compiled grammar";
+    if (p.ignore_eos) return "a constrained request ends at the model's EOS, so ignore_eos cannot be set";
+    if (p.constraint->start_after >= vocab_size_)
+      return "the constraint's start token " + std::to_string(p.constraint->start_after) + " is outside the vocabulary";
+  }
   return {};
 }
 
@@ -150,14 +186,16 @@ SubmitResult Engine::submit(GenerationParams params) {
   }
   // The prompt must leave room for the first output token (none is needed for max_tokens 0).
   const int64_t reserved = params.max_tokens > 0 ? 1 : 0;
-  if (static_cast<int64_t>(params.prompt.size()) + reserved > options_.max_context) {
+  const int32_t ceiling = context_ceiling();
+  result.max_context = ceiling;
+  if (static_cast<int64_t>(params.prompt.size()) + reserved > ceiling) {
     result.status = SubmitStatus::ContextExceeded;
-    result.message = "prompt has " + std::to_string(params.prompt.size()) +
-                     " tokens but the context ceiling is " + std::to_string(options_.max_context) +
-                     " tokens";
+    result.message = "prompt has " + std::to_string(params.prompt.size()) + " tokens but the context ceiling is " +
+                     std::to_string(ceiling) + " tokens" +
+                     (ceiling < options_.max_context ? " (the KV capacity)" : "");
     return result;
   }
-  const int32_t output_cap = std::min<int32_t>(params.max_tokens, options_.max_context - result.prompt_tokens);
+  const int32_t output_cap = std::min<int32_t>(params.max_tokens, ceiling - result.prompt_tokens);
   const uint64_t seed = params.sampling.seed.value_or(Sampler::random_seed());
   const auto now = EngineClock::now();
 
@@ -176,7 +214,15 @@ SubmitResult Engine::submit(GenerationParams params) {
                      std::to_string(options_.max_pending) + " pending slots are in use";
     return result;
   }
-  auto seq = std::make_shared<Sequence>(next_id_++, std::move(params), output_cap, seed);
+  std::shared_ptr<Sequence> seq;
+  try {
+    seq = std::make_shared<Sequence>(next_id_, std::move(params), output_cap, seed, vocab_size_);
+  } catch (const std::invalid_argument& e) {  // a constraint prefix the grammar rejects
+    result.status = SubmitStatus::InvalidRequest;
+    result.message = e.what();
+    return result;
+  }
+  ++next_id_;
   seq->submitted = now;
   if (options_.pending_timeout_ms > 0) seq->deadline = now + std::chrono::milliseconds(options_.pending_timeout_ms);
   result.request_id = seq->id;
@@ -203,7 +249,7 @@ void Engine::cancel(uint64_t request_id) {
   // A resident request is finished by the worker at the next boundary.
 }
 
-EngineStats Engine::stats() const {
+EngineStats Engine::stats(bool check_cache) const {
   EngineStats s;
   {
     std::lock_guard lock(mu_);
@@ -211,7 +257,16 @@ EngineStats Engine::stats() const {
     s.running = scheduler_.running();
     s.pending = scheduler_.pending();
     s.kv_pages_total = pool_->num_pages();
-    s.kv_pages_free = pool_->free_pages();
+    s.kv_pages_free = scheduler_.available_pages();
+    s.kv_capacity_tokens = pool_->capacity_tokens();
+    s.paused = scheduler_.paused();
+    s.pauses = scheduler_.pauses();
+    s.prefix_reuse = cache_ != nullptr;
+    if (cache_) {
+      s.cache = cache_->stats();
+      s.kv_pages_cached = s.cache.blocks;
+      if (check_cache) s.cache_problem = cache_->check();
+    }
   }
   const ModelInfo& info = model_->info();
   if (info.num_kv_layers < info.num_layers) {
@@ -266,6 +321,27 @@ void Engine::throw_if_injected() {
 
 bool Engine::is_eos(int32_t token) const { return contains(options_.eos_ids, token); }
 
+void Engine::set_grammar_special_ids(std::vector<int32_t> ids) {
+  std::lock_guard lock(grammar_mu_);
+  if (grammars_) throw std::logic_error("the grammar vocabulary is fixed once a grammar has been compiled");
+  grammar_special_ids_ = std::move(ids);
+}
+
+GrammarCompiler& Engine::grammars() {
+  std::lock_guard lock(grammar_mu_);
+  if (!grammars_)
+    grammars_ = std::make_unique<GrammarCompiler>(token_bytes_, vocab_size_, options_.eos_ids, grammar_special_ids_);
+  return *grammars_;
+}
+
+bool Engine::mask_constrained_row(Sequence& seq, std::span<float> logits) const {
+  thread_local std::vector<uint32_t> bitmask;
+  bitmask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
+  if (seq.constraint->fill_next_mask(bitmask) == 0) return false;
+  apply_token_bitmask(logits, bitmask);
+  return true;
+}
+
 // `ahead`: the row samples the token that many positions after the committed output.
 std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq, size_t ahead) const {
   if (static_cast<int64_t>(seq.output.size() + ahead) >= seq.params.min_tokens) return {};
@@ -279,6 +355,8 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
   event.request_id = seq.id;
   event.kind = kind;
   event.prompt_tokens = seq.prompt_len();
+  event.cached_tokens = seq.cached_tokens;
+  event.prompt_processed = std::min(seq.cached, seq.prompt_len());
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
   const auto now = EngineClock::now();
   if (seq.phase == Phase::Pending) {
@@ -304,6 +382,7 @@ void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) cons
   event.finish_reason = reason;
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
   event.speculative = seq.spec_tally;
+  if (seq.constraint) event.constraint = seq.constraint->settle();
   count_outcome(event);
 }
 
@@ -378,8 +457,12 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   }
   for (Sequence* seq : scheduler_.admit(now)) {
     model_->reset_lane(seq->lane);
+    restore_prefix(*seq);
+    if (seq->ever_admitted) continue;  // a paused request restored: no second admission
+    seq->ever_admitted = true;
     requests_admitted_.fetch_add(1, std::memory_order_relaxed);
     prompt_tokens_.fetch_add(static_cast<uint64_t>(seq->prompt_len()), std::memory_order_relaxed);
+    prompt_tokens_cached_.fetch_add(static_cast<uint64_t>(seq->cached_tokens), std::memory_order_relaxed);
     events.push_back(base_event(*seq, EventKind::Admitted));
   }
   if (speculating()) choose_drafts();
@@ -449,15 +532,20 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
 
 void Engine::plan_device_sampling() {
   sampling_.clear();
+  dead_ends_.clear();
   std::vector<int32_t> tokens, counts;
+  std::vector<uint32_t> mask;
   for (size_t i = 0; i < step_.rows.size(); ++i) {
     const SeqSlice& slice = step_.batch.slices[i];
     if (!slice.wants_logits) continue;
     Sequence& seq = *step_.rows[i];
     const SamplingParams& p = seq.params.sampling;
     // Row r of a verified slice samples the token after r of the proposals: its penalties
-    // count them as if committed, and min_tokens counts its own position.
+    // count them as if committed, min_tokens counts its own position, and its grammar mask is
+    // the matcher's after them (advanced here, rolled back below).
     TokenCounts ahead;
+    int advanced = 0;
+    bool off_grammar = false;  // a proposal the grammar rejects: later rows are never committed
     for (int32_t r = 0; r < slice.logit_rows(); ++r) {
       if (r > 0) ++ahead[seq.drafts[static_cast<size_t>(r - 1)]];
       RowSampling row;
@@ -480,8 +568,23 @@ void Engine::plan_device_sampling() {
           counts.push_back(count);
         }
       }
-      sampling_.add_row(row, tokens, counts, suppressed_ids(seq, static_cast<size_t>(r)));
+      // A constrained row's mask goes up with the batch; the device sampler applies it.
+      mask.clear();
+      bool dead_end = false;
+      if (seq.constrained_now() && !off_grammar) {
+        mask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
+        dead_end = seq.constraint->fill_next_mask(mask) == 0;
+      }
+      dead_ends_.push_back(dead_end ? 1 : 0);
+      sampling_.add_row(row, tokens, counts, suppressed_ids(seq, static_cast<size_t>(r)), mask);
+      // choose_drafts keeps a constraint's start token out of the proposals, so an inactive
+      // constraint stays inactive over the whole round.
+      if (r + 1 < slice.logit_rows() && seq.constrained_now() && !off_grammar) {
+        if (seq.constraint->accept(seq.drafts[static_cast<size_t>(r)])) ++advanced;
+        else off_grammar = true;
+      }
     }
+    if (advanced > 0) seq.constraint->rollback(advanced);
   }
   sampled_ids_.assign(sampling_.rows.size(), kSampledNothing);
 }
@@ -496,6 +599,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   };
   std::vector<Row> rows;  // rows that report this step, in plan order
   int logit_rows = 0;
+  std::unique_lock cache_lock(mu_);  // the cache and pool bookkeeping are read by stats()
   for (size_t i = 0; i < step_.rows.size(); ++i) {
     Sequence& seq = *step_.rows[i];
     const SeqSlice& slice = step_.batch.slices[i];
@@ -503,20 +607,26 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
     const int logit_row = slice.wants_logits ? logit_rows : -1;
     logit_rows += slice.logit_rows();
     seq.cached += slice.num_tokens;
+    if (!slice.keep_states) cache_step(seq);  // a verified row publishes after settle_round
     if (seq.cancel_requested) {
       rows.push_back({&seq, &slice, -1, base_event(seq, EventKind::Output)});
       finish(seq, rows.back().event, FinishReason::Cancelled);
       continue;
     }
     if (seq.phase == Phase::Prefilling) {
-      if (seq.cached < seq.prompt_len()) continue;  // more prompt to go: nothing to report
+      if (seq.cached < seq.prefill_target()) {  // more prompt to go: only progress to report
+        if (seq.params.report_progress) events.push_back(base_event(seq, EventKind::PromptProgress));
+        continue;
+      }
       seq.phase = Phase::Decoding;
+      if (seq.replaying()) continue;  // restored after a pause: its tokens were reported already
       seq.prefilled = now;
     }
     seq.last_commit = now;
     rows.push_back({&seq, &slice, logit_row, base_event(seq, EventKind::Output)});
     if (logit_row < 0) finish(seq, rows.back().event, FinishReason::Length);  // max_tokens 0: prompt only
   }
+  cache_lock.unlock();
 
   // Rows are independent (own sampler, history and stop state), so they sample in parallel.
   sampling_pool_.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t r) {
@@ -526,11 +636,10 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   });
 
   // Verified rows keep the state of their accepted prefix (a backend call: one row at a time).
-  for (auto& row : rows) {
-    if (!row.slice->keep_states || row.seq->round_committed == 0) continue;
-    row.seq->cached = row.slice->start_pos + row.seq->round_committed;
-    model_->keep_prefix(row.seq->lane, row.seq->cached);
-  }
+  cache_lock.lock();
+  for (auto& row : rows)
+    if (row.slice->keep_states && row.seq->round_committed > 0) settle_round(*row.seq, *row.slice);
+  cache_lock.unlock();
 
   for (auto& row : rows) {
     if (row.event.finished) done.push_back(row.seq);
@@ -540,6 +649,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
 
 void Engine::commit_token(Sequence& seq, int32_t token, EngineEvent& event) const {
   seq.output.push_back(token);
+  seq.history.push_back(token);
   ++seq.output_counts[token];
   seq.thinking.observe(token);
   event.token_ids.push_back(token);
@@ -574,6 +684,96 @@ void Engine::commit_token(Sequence& seq, int32_t token, EngineEvent& event) cons
   if (static_cast<int32_t>(seq.output.size()) >= seq.output_cap) {
     event.text += seq.stops.flush();
     finish(seq, event, FinishReason::Length);
+  }
+}
+
+int32_t Engine::context_ceiling() const {
+  return static_cast<int32_t>(std::min<int64_t>(options_.max_context, pool_->capacity_tokens()));
+}
+
+void Engine::restore_prefix(Sequence& seq) {
+  seq.cached = 0;
+  seq.chain = {};
+  if (cache_) {
+    // At least one token is forwarded, so the last one's logits (or a replay's state) exist.
+    PrefixCache::Hit hit = cache_->lookup(seq.history, seq.prefill_target() - 1);
+    if (hit.tokens > 0) {
+      seq.pages = std::move(hit.pages);
+      seq.cached = hit.tokens;
+      seq.chain = hit.chain;
+      model_->resume_lane(seq.lane, hit.tokens, hit.snapshot_slot);
+    }
+  }
+  if (!seq.ever_admitted) {
+    seq.cached_tokens = seq.cached;
+    plan_taps(seq);
+  }
+}
+
+// Prefill snapshots for a model with recurrent state: the last block boundary of the prompt
+// (a later turn that keeps this prompt resumes there) and a ladder back from it at P - G·2^k
+// (a later prompt that diverges D tokens before P recomputes at most about max(D, G)), each at
+// least the minimum gap from the others and from the hit. Block-aligned, so a snapshot always
+// sits at the end of a cached block.
+void Engine::plan_taps(Sequence& seq) const {
+  seq.taps.clear();
+  if (!cache_ || !cache_->needs_snapshots() || options_.taps_per_request <= 0) return;
+  const auto floor_block = [](int64_t x) { return static_cast<int32_t>(x / kPageTokens * kPageTokens); };
+  const int32_t prompt = seq.prompt_len(), hit = seq.cached;
+  std::vector<int32_t> taps;
+  auto add = [&](int32_t t) {
+    if (t > hit && t <= prompt && std::find(taps.begin(), taps.end(), t) == taps.end() &&
+        static_cast<int32_t>(taps.size()) < options_.taps_per_request)
+      taps.push_back(t);
+  };
+  // Hints first, latest first: they mark where a later prompt is expected to diverge.
+  std::vector<int32_t> hints = seq.params.cache_candidates;
+  std::sort(hints.rbegin(), hints.rend());
+  for (int32_t c : hints) add(floor_block(c));
+  add(floor_block(prompt));
+  for (int64_t g = options_.tap_ladder; static_cast<int32_t>(taps.size()) < options_.taps_per_request; g *= 2) {
+    const int32_t t = floor_block(prompt - g);
+    if (t <= hit) break;
+    bool near = t - hit < options_.tap_min_gap;
+    for (int32_t k : taps) near = near || std::abs(k - t) < options_.tap_min_gap;
+    if (!near) taps.push_back(t);
+  }
+  if (static_cast<int32_t>(taps.size()) > options_.taps_per_request) taps.resize(options_.taps_per_request);
+  std::sort(taps.begin(), taps.end());
+  seq.taps = std::move(taps);
+}
+
+void Engine::cache_step(Sequence& seq) {
+  if (!cache_) return;
+  cache_->publish(seq.history, seq.cached, seq.pages, seq.chain);
+  if (!cache_->needs_snapshots() || seq.chain.blocks < 0) return;
+  while (!seq.taps.empty() && seq.taps.front() < seq.cached) seq.taps.erase(seq.taps.begin());
+  if (seq.cached % kPageTokens != 0 || seq.chain.blocks * kPageTokens != seq.cached) return;
+  bool endpoint = false;
+  if (seq.phase == Phase::Prefilling) {
+    if (seq.taps.empty() || seq.taps.front() != seq.cached) return;
+    seq.taps.erase(seq.taps.begin());
+  } else if (seq.phase == Phase::Decoding || seq.phase == Phase::Finished) {
+    // (Finished: a speculative round that ended the request settles after its commit.)
+    // Decode endpoints roll: the state at the request's latest block boundary, so the next
+    // turn of a conversation resumes near where this answer ended.
+    endpoint = true;
+  } else {
+    return;
+  }
+  const uint64_t key = seq.chain.key;
+  if (cache_->has_snapshot(key)) return;
+  const int slot = cache_->acquire_slot();
+  if (slot < 0) {
+    cache_->count_snapshot(endpoint, false);
+    return;
+  }
+  model_->save_snapshot(seq.lane, slot);
+  cache_->attach_snapshot(key, slot);
+  cache_->count_snapshot(endpoint, true);
+  if (endpoint) {
+    if (seq.endpoint_key != 0 && seq.endpoint_key != key) cache_->drop_snapshot(seq.endpoint_key);
+    seq.endpoint_key = key;
   }
 }
 

@@ -18,9 +18,11 @@
 #include <vector>
 
 #include "cache/kv_pool.h"
+#include "cache/prefix_cache.h"
 #include "common/thread_pool.h"
 #include "engine/engine_event.h"
 #include "engine/event_queue.h"
+#include "engine/grammar_compiler.h"
 #include "engine/generation_params.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
@@ -29,6 +31,11 @@
 namespace ninfer {
 
 class MtpHead;
+
+// The error of a constrained request whose output has no legal continuation (the server
+// matches the prefix).
+inline constexpr const char* kDeadEndError =
+    "constraint_dead_end: the output so far has no legal next token under its constraint";
 
 // Speculative decoding (docs/engine.md): proposals verified in one target traversal per round.
 struct SpeculativeOptions {
@@ -52,11 +59,21 @@ struct EngineOptions {
   bool device_sampling = true;     // sample on the model's device when it can (only the
                                    // chosen ids come back); false keeps host sampling
   SpeculativeOptions spec;
+  // Shared KV pool, in tokens: 0 = auto (the memory the model leaves, less the headroom).
+  int64_t kv_capacity = 0;
+  int64_t vram_headroom_mib = 1024;  // auto: memory left free after sizing the pool
+  bool prefix_reuse = true;          // reuse cached prefixes across requests
+  // Hybrid models (recurrent state): snapshot slots and prefill taps; 0 / -1 = the defaults.
+  int32_t snapshot_slots = 0;        // default max_concurrency + 3 (no host tier)
+  int32_t taps_per_request = -1;     // default 2 (no host tier); 0 = only decode endpoints
+  int32_t tap_ladder = 0;            // default max(4096, 2 * prefill_chunk)
+  int32_t tap_min_gap = 0;           // default max(1024, prefill_chunk)
 };
 
-// Pages a pool needs so that every lane can grow to the ceiling: admission then never waits
-// for memory and no request can be stranded.
+// Pages for every lane to reach max_context (the floor of automatic sizing).
 int64_t kv_pages_for(const EngineOptions& options);
+// Resolves the 0 / -1 snapshot and tap defaults above.
+EngineOptions resolve_cache_defaults(EngineOptions options);
 
 enum class SubmitStatus : uint8_t {
   Accepted,
@@ -80,7 +97,14 @@ struct EngineStats {
   int32_t running = 0;  // requests holding a lane
   int32_t pending = 0;  // requests waiting for one
   int64_t kv_pages_total = 0;
-  int64_t kv_pages_free = 0;
+  int64_t kv_pages_free = 0;    // pages a request could take: free, or cached and unreferenced
+  int64_t kv_pages_cached = 0;  // pages the prefix cache holds (mapped or not)
+  int64_t kv_capacity_tokens = 0;
+  int32_t paused = 0;           // requests paused for memory, waiting to be restored
+  uint64_t pauses = 0;
+  bool prefix_reuse = false;
+  PrefixCacheStats cache;
+  std::string cache_problem;    // stats(true): "" while the cache's invariants hold
   // Recurrent-state slots (hybrid models: one per lane; none for pure-attention models).
   int32_t state_slots_total = 0;
   int32_t state_slots_used = 0;
@@ -119,6 +143,13 @@ struct EngineStats {
   uint64_t spec_fallback_steps = 0;  // decode rows of a speculating engine with nothing to verify
 };
 
+// What a prefix cache file save or load did.
+struct CacheFileReport {
+  bool ok = false;
+  std::string message;  // why not, or what was done
+  int64_t blocks = 0, snapshots = 0, bytes = 0;
+};
+
 class Engine {
  public:
   // Failed units of work in a row after which the engine gives up (spec: eight recoveries).
@@ -139,7 +170,8 @@ class Engine {
   void cancel(uint64_t request_id);
   std::vector<EngineEvent> drain_events() { return events_.drain(); }
   int event_fd() const { return events_.fd(); }
-  EngineStats stats() const;
+  // check_cache: also run the prefix cache's consistency check (O(blocks), under the lock).
+  EngineStats stats(bool check_cache = false) const;
   bool healthy() const { return healthy_.load(); }
   // Fails every request with "the engine is shutting down" and joins the worker. Idempotent.
   void shutdown();
@@ -147,11 +179,26 @@ class Engine {
   // out-of-memory condition or as a failed internal check, through the real recovery path.
   void inject_step_failures(int count, bool out_of_memory);
 
+  // The prefix cache file (engine/prefix_cache_file.cpp). Save: after shutdown, every cached
+  // block and snapshot to PATH.tmp, then renamed over PATH (a cut save leaves PATH as it
+  // was). Load: before the first submit, as many blocks and snapshots as the pool and slots
+  // hold; a missing file, one written for another model, KV format or build, or a damaged one
+  // restores nothing and says why.
+  CacheFileReport save_prefix_cache(const std::string& path);
+  CacheFileReport load_prefix_cache(const std::string& path);
+
   const EngineOptions& options() const { return options_; }
   const ModelInfo& model_info() const { return model_->info(); }
   // Whether steps sample on the model's device (only the chosen ids come back).
   bool samples_on_device() const { return options_.device_sampling && model_->samples_on_device(); }
   const std::vector<std::string>& token_bytes() const { return token_bytes_; }
+
+  // Control tokens that no output constraint may produce (they are not text). Only before
+  // the first grammars() call; throws std::logic_error after it.
+  void set_grammar_special_ids(std::vector<int32_t> ids);
+  // The compiler of output constraints over this engine's vocabulary, built on first use.
+  // Thread-safe; compiles run on the caller's thread, never on the worker.
+  GrammarCompiler& grammars();
 
  private:
   std::string validate(const GenerationParams& params) const;
@@ -161,7 +208,8 @@ class Engine {
   bool step_boundary(std::vector<EngineEvent>& events);
   void execute_step(std::vector<EngineEvent>& events);
   // Fills sampling_ for the step's logit rows, drawing each sampling row's uniform value from
-  // its sequence's generator (as the host Sampler would during commit_step).
+  // its sequence's generator (as the host Sampler would during commit_step) and computing
+  // constrained rows' grammar masks, which the device sampler applies.
   void plan_device_sampling();
   // After a successful forward: advances every row, samples (or takes the ids sampled on the
   // device), applies stops. Thread-safe per row, so rows are committed on the sampling pool.
@@ -176,8 +224,22 @@ class Engine {
   void draft_with_mtp(const std::vector<Sequence*>& done);
   double peek_draw(Sequence& seq, size_t index) const;
   bool speculating() const { return options_.spec.enabled(); }
+  // mu_ held, after a verified row committed: the lane keeps its accepted prefix (KV length,
+  // pages past it returned, recurrent state rolled back), and the cache sees only that prefix.
+  void settle_round(Sequence& seq, const SeqSlice& slice);
+  // mu_ held: the admitted request's cached prefix (pages, and the state snapshot on a hybrid
+  // model) and, at its first admission, its prefill taps.
+  void restore_prefix(Sequence& seq);
+  void plan_taps(Sequence& seq) const;
+  // After a step: publishes full blocks, takes planned and decode-endpoint snapshots.
+  void cache_step(Sequence& seq);
+  // The ceiling of prompt + output: max_context, or the KV pool when it is smaller.
+  int32_t context_ceiling() const;
+  // `ahead`: the row samples the token that many positions after the committed output.
   std::vector<int32_t> suppressed_ids(const Sequence& seq, size_t ahead = 0) const;
   bool is_eos(int32_t token) const;
+  // Masks `logits` with the sequence's grammar; false at a dead end (no token allowed).
+  bool mask_constrained_row(Sequence& seq, std::span<float> logits) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
   void finish(Sequence& seq, EngineEvent& event, FinishReason reason) const;
   void count_outcome(const EngineEvent& event) const;
@@ -192,6 +254,7 @@ class Engine {
   const EngineOptions options_;
   const std::vector<std::string> token_bytes_;
   const int64_t vocab_size_;
+  std::unique_ptr<PrefixCache> cache_;  // null with prefix reuse off
 
   mutable std::mutex mu_;  // guards scheduler_, live_, pool_ bookkeeping, stopping_
   std::condition_variable wake_;
@@ -210,7 +273,12 @@ class Engine {
   MtpHead* mtp_ = nullptr;            // the model's draft head when MTP drafting is on
   std::vector<float> hidden_;         // worker only: the step's final-normed hidden states
   std::vector<float> mtp_logits_, mtp_hidden_;  // worker only: MTP head outputs
+  std::vector<uint8_t> dead_ends_;    // worker only: rows whose grammar mask allowed nothing
   int consecutive_failures_ = 0;  // worker only
+
+  std::mutex grammar_mu_;  // guards grammars_ creation and grammar_special_ids_
+  std::vector<int32_t> grammar_special_ids_;
+  std::unique_ptr<GrammarCompiler> grammars_;
 
   std::atomic<bool> healthy_{true};
   std::atomic<uint64_t> requests_admitted_{0}, requests_finished_{0};

@@ -2,8 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "engine/constraint_matcher.h"
 
 namespace ninfer {
 
@@ -11,6 +14,7 @@ enum class EventKind : uint8_t {
   Admitted,      // the request got a lane (no tokens yet)
   Output,        // committed tokens; the last Output of a request has finished = true
   QueueTimeout,  // the request waited past its pending deadline; it is finished
+  PromptProgress,  // a prefill chunk committed and prompt remains (only with report_progress)
 };
 
 enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
@@ -52,10 +56,14 @@ struct EngineEvent {
   int32_t stop_token = -1;  // StopKind::Eos / TokenId
   std::string stop_string;  // StopKind::String
   int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;  // prompt tokens reused from the prefix cache (fixed at admission)
+  int32_t prompt_processed = 0;  // prompt tokens whose K/V are committed (the prompt's frontier)
   int32_t completion_tokens = 0;
   RequestTimings timings;
   std::string error;  // FinishReason::Error
   SpeculativeTally speculative;  // finished events only
+  std::optional<ConstraintStats> constraint;  // constrained requests, on the finished event
+  std::vector<float> logits;  // GenerationParams::capture_logits: [token_ids.size(), vocab]
 };
 
 }  // namespace ninfer

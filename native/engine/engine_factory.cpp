@@ -9,6 +9,8 @@ namespace ninfer {
 
 EngineOptions resolve_options(EngineOptions options, int64_t model_max_positions) {
   if (options.max_context < 0) throw std::invalid_argument("max_context must not be negative");
+  if (options.kv_capacity < 0) throw std::invalid_argument("kv_capacity must not be negative (0 = auto)");
+  if (options.vram_headroom_mib < 0) throw std::invalid_argument("vram_headroom_mib must not be negative");
   if (options.max_context == 0) {
     if (model_max_positions <= 0) throw std::invalid_argument("the model does not state its context length; set max_context");
     options.max_context = static_cast<int32_t>(std::min<int64_t>(model_max_positions, INT32_MAX));
@@ -25,8 +27,11 @@ std::unique_ptr<Engine> make_toy_engine(int64_t vocab_size, std::vector<std::str
   if (options.max_concurrency < 1 || options.max_concurrency > 8)
     throw std::invalid_argument("max_concurrency must be between 1 and 8, got " +
                                 std::to_string(options.max_concurrency));
-  auto pool = std::make_unique<KvPool>(kv_pages_for(options), ToyModel::kLayers, ToyModel::kHeads,
-                                       ToyModel::kHeadDim);
+  options = resolve_cache_defaults(std::move(options));
+  // The toy has no memory to measure: auto gives room for every lane at the ceiling, twice.
+  const int64_t pages = options.kv_capacity > 0 ? (options.kv_capacity + kPageTokens - 1) / kPageTokens
+                                                : 2 * kv_pages_for(options);
+  auto pool = std::make_unique<KvPool>(pages, ToyModel::kLayers, ToyModel::kHeads, ToyModel::kHeadDim);
   auto model = std::make_unique<ToyModel>(vocab_size, *pool, options.max_concurrency,
                                           std::max<int64_t>(kToyPositions, options.max_context));
   if (toy) *toy = model.get();

@@ -22,6 +22,9 @@ std::unique_ptr<Engine> make_toy_engine(int64_t vocab_size, std::vector<std::str
 struct RuntimeOptions {
   int threads = 0;
   std::string device = "cpu";
+  // >= 0: read only the artifact's header and make seeded random weights on the device
+  // (ModelOptions::random_weights_seed), for benchmarks without a weight file.
+  int64_t random_weights_seed = -1;
 };
 // An engine over the artifact's model; options.eos_ids empty = the artifact's
 // tokenizer.eos_token_ids. Throws ArtifactError / std::runtime_error with the reason.

@@ -1,6 +1,8 @@
 // Building an engine over a .ninfer artifact (kept apart from the toy factory so that the
 // artifact and model registry are only linked where they are needed).
 #include <algorithm>
+#include <climits>
+#include <string>
 #include <stdexcept>
 
 #include "artifact/artifact.h"
@@ -20,6 +22,34 @@ std::vector<int32_t> artifact_eos_ids(const Artifact& artifact) {
   return ids;
 }
 
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// --kv-capacity auto: the pool takes the memory the weights, workspaces and snapshot slots
+// leave (measured when the backend attaches the pool, after all of them), less the headroom
+// and, on CUDA, the graph driver-state allowance (64 MiB + 4 MiB per decode-graph batch size).
+// On the CPU it takes at most half of the available RAM and at most four lanes' worth of
+// ceilings per lane (the pool fills lazily, but a CPU server shares the machine).
+KvPool::Sizer auto_kv_sizer(const EngineOptions& options, const std::string& device) {
+  const bool cpu = device == "cpu";
+  const int64_t ceiling_pages = (static_cast<int64_t>(options.max_context) + kPageTokens - 1) / kPageTokens;
+  const int64_t headroom = options.vram_headroom_mib * kMiB;
+  const int64_t graphs = (64 + 4 * static_cast<int64_t>(options.max_concurrency)) * kMiB;
+  const int64_t cpu_cap = 4 * kv_pages_for(options);
+  return [=](int64_t available, int64_t page_bytes) {
+    const int64_t budget = cpu ? available / 2 - headroom : available - headroom - graphs;
+    int64_t pages = std::max<int64_t>(budget, 0) / std::max<int64_t>(page_bytes, 1);
+    if (cpu) pages = std::min(pages, cpu_cap);
+    if (pages < ceiling_pages)
+      throw std::runtime_error(
+          "not enough memory for the KV pool: " + std::to_string(available / kMiB) + " MiB available on " + device +
+          ", " + std::to_string(options.vram_headroom_mib) + " MiB headroom, but one " +
+          std::to_string(options.max_context) + "-token context needs " +
+          std::to_string(ceiling_pages * page_bytes / kMiB + 1) +
+          " MiB; lower --max-context or --vram-headroom-mib, or set --kv-capacity");
+    return std::min<int64_t>(pages, INT32_MAX / kPageTokens);
+  };
+}
+
 }  // namespace
 
 std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOptions options,
@@ -30,10 +60,14 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   if (options.max_concurrency < 1 || options.max_concurrency > 8)
     throw std::invalid_argument("max_concurrency must be between 1 and 8, got " +
                                 std::to_string(options.max_concurrency));
+  options = resolve_cache_defaults(std::move(options));
   const KvGeometry geometry = kv_geometry(*artifact);
-  auto pool = std::make_unique<KvPool>(kv_pages_for(options), geometry.num_kv_layers, geometry.num_kv_heads,
-                                       geometry.head_dim);
+  const bool explicit_capacity = options.kv_capacity > 0;
+  auto pool = std::make_unique<KvPool>(explicit_capacity ? (options.kv_capacity + kPageTokens - 1) / kPageTokens : 1,
+                                       geometry.num_kv_layers, geometry.num_kv_heads, geometry.head_dim);
+  if (!explicit_capacity) pool->set_sizer(auto_kv_sizer(options, runtime.device));
   ModelOptions model_options;
+  model_options.snapshot_slots = options.prefix_reuse ? options.snapshot_slots : 0;
   model_options.max_lanes = options.max_concurrency;
   // A speculative round feeds each decoding lane its last token plus its proposals.
   const int32_t verify = 1 + options.spec.max_drafts();
@@ -41,6 +75,7 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   model_options.max_verify_tokens = options.spec.enabled() ? verify : 0;
   model_options.threads = runtime.threads;
   model_options.device = runtime.device;
+  model_options.random_weights_seed = runtime.random_weights_seed;
   auto model = load_model(*artifact, *pool, model_options);
   return std::make_unique<Engine>(std::move(pool), std::move(model), std::move(options), std::move(token_bytes),
                                   std::move(artifact));

@@ -43,6 +43,21 @@ int32_t argmax(const float* row, int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// A constraint that starts after a token (the end of thinking) must not start inside a
+// round: the device path computes every row's mask before sampling, and the matcher cannot
+// undo its activation. Proposals end before that token; it is then sampled as the round's
+// last token, and the next round is constrained from its first row.
+void keep_constraint_start_out(Sequence& seq) {
+  if (!seq.constraint || seq.constraint->active()) return;
+  const int32_t start = seq.params.constraint->start_after;
+  auto at = std::find(seq.drafts.begin(), seq.drafts.end(), start);
+  seq.drafts.erase(at, seq.drafts.end());
+}
+
+}  // namespace
+
 void Engine::choose_drafts() {
   const SpeculativeOptions& spec = options_.spec;
   for (Sequence* seq : scheduler_.resident()) {
@@ -57,6 +72,7 @@ void Engine::choose_drafts() {
       const size_t from = std::min(seq->output.size(), oracle.size());
       const size_t count = std::min({static_cast<size_t>(room), static_cast<size_t>(spec.max_drafts()), oracle.size() - from});
       seq->drafts.assign(oracle.begin() + static_cast<ptrdiff_t>(from), oracle.begin() + static_cast<ptrdiff_t>(from + count));
+      keep_constraint_start_out(*seq);
       continue;
     }
     std::vector<int32_t> ngram;
@@ -73,6 +89,7 @@ void Engine::choose_drafts() {
     } else {
       seq->drafts.assign(mtp.begin(), mtp.begin() + std::min<ptrdiff_t>(room, static_cast<ptrdiff_t>(mtp.size())));
     }
+    keep_constraint_start_out(*seq);
   }
 }
 
@@ -90,7 +107,13 @@ void Engine::commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, Eng
       if (auto forced = seq.thinking.next_forced()) {
         token = *forced;  // the thinking budget closes thinking: committed without sampling
       } else if (sampled_on_device) {
-        token = sampled_ids_[static_cast<size_t>(logit_row + i)];
+        const auto at = static_cast<size_t>(logit_row + i);
+        token = sampled_ids_[at];
+        if (token < 0 && dead_ends_[at]) {
+          finish(seq, event, FinishReason::Error);
+          event.error = kDeadEndError;
+          break;
+        }
         if (token < 0) throw std::runtime_error(sampled_code_error(token));
         if (token >= vocab_size_)
           throw std::runtime_error("the device sampler chose id " + std::to_string(token) + ", outside the vocabulary");
@@ -98,6 +121,15 @@ void Engine::commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, Eng
       } else {
         float* logits = logits_.data() + static_cast<int64_t>(logit_row + i) * vocab_size_;
         const std::span<float> row(logits, static_cast<size_t>(vocab_size_));
+        if (seq.params.capture_logits) event.logits.insert(event.logits.end(), row.begin(), row.end());
+        // Rows are committed in order, so the matcher is already at this row's position: the
+        // proposals before it were accepted and equal the committed tokens.
+        if (seq.constrained_now() && !mask_constrained_row(seq, row)) {
+          if (seq.params.capture_logits) event.logits.resize(event.logits.size() - static_cast<size_t>(vocab_size_));
+          finish(seq, event, FinishReason::Error);
+          event.error = kDeadEndError;
+          break;
+        }
         if (spec) {
           token = seq.sampler.sample_with_draw(row, seq.output_counts, suppressed_ids(seq), draws ? peek_draw(seq, 0) : 0.0);
           drew = draws;
@@ -106,6 +138,8 @@ void Engine::commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, Eng
         }
       }
       if (drew) seq.draws.pop_front();
+      if (seq.constraint && !seq.constraint->accept(token))
+        throw std::runtime_error("the grammar rejected sampled token " + std::to_string(token));
       tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
       if (!seq.output.empty()) decode_tokens_.fetch_add(1, std::memory_order_relaxed);
       commit_token(seq, token, event);
@@ -154,6 +188,27 @@ void Engine::commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, Eng
   }
 }
 
+// The round fed positions start..start+k and kept start..end-1 (end = start + committed; the
+// token committed last is fed by the next step). KV past `end` is rewritten before anything
+// reads it, so its pages go back to the pool; the recurrent state is the one after end - 1.
+// The prefix cache publishes from `history`, which holds committed tokens only, so no block
+// or snapshot ever contains a rejected proposal. A block boundary crossed inside the round
+// gets its decode-endpoint snapshot from the per-token state history first, as a plain
+// decode step would have taken it there.
+void Engine::settle_round(Sequence& seq, const SeqSlice& slice) {
+  const int32_t end = slice.start_pos + seq.round_committed;
+  const int32_t boundary = end / kPageTokens * kPageTokens;
+  if (cache_ && cache_->needs_snapshots() && boundary > slice.start_pos && boundary < end) {
+    model_->keep_prefix(seq.lane, boundary);
+    seq.cached = boundary;
+    cache_step(seq);
+  }
+  seq.cached = end;
+  model_->keep_prefix(seq.lane, end);
+  cache_step(seq);
+  scheduler_.truncate(seq, end + 1);
+}
+
 // MTP slot i pairs the target's hidden at position i with the token at i + 1 and predicts the
 // token at i + 2 (model spec §4.2). After each step the head reads every position the step
 // fed (prefill chunks included, so its KV covers the whole sequence), then drafts: step 1's
@@ -182,13 +237,14 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
       continue;
     // Pairs (h_p, x_{p+1}) for the positions this step fed and kept, whose next token is known.
     int32_t pairs = 0;
-    if (slice.start_pos < seq.prompt_len()) {  // a prompt chunk; the last one's next token is the first output
-      pairs = slice.num_tokens;
-      for (int32_t p = 0; p < pairs; ++p) {
-        const int32_t next = slice.start_pos + p + 1;
-        if (next < seq.prompt_len()) tokens.push_back(seq.params.prompt[static_cast<size_t>(next)]);
-        else if (!seq.output.empty()) tokens.push_back(seq.output.front());
-        else --pairs;
+    if (static_cast<int32_t>(i) >= step_.decode_rows) {
+      // A prefill chunk (prompt, or a replay of prompt and output after a pause); the last
+      // position's next token is the first output, or unknown yet.
+      for (int32_t p = 0; p < slice.num_tokens; ++p) {
+        const auto next = static_cast<size_t>(slice.start_pos + p + 1);
+        if (next >= seq.history.size()) break;
+        tokens.push_back(seq.history[next]);
+        ++pairs;
       }
     } else {  // a decode row: the kept positions, each followed by a token the round committed
       pairs = seq.round_committed;
@@ -229,12 +285,17 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
       std::vector<int32_t> next_tokens, next_rows;
       std::vector<float> next_hidden;
       {
-        std::lock_guard lock(mu_);  // pool bookkeeping: pages for the positions drafted ahead
-        for (size_t l : active) {
+        // Pool bookkeeping: pages for the positions drafted ahead, from free pages only (a
+        // lane without room proposes what it has).
+        std::lock_guard lock(mu_);
+        std::erase_if(active, [&](size_t l) {
           Sequence& seq = *lanes[l].seq;
-          scheduler_.reserve(seq, seq.cached + step);
-        }
+          if (scheduler_.reserve_free(seq, seq.cached + step)) return false;
+          lanes[l].drafts = static_cast<int32_t>(seq.mtp_drafts.size());
+          return true;
+        });
       }
+      if (active.empty()) break;
       for (size_t l : active) {
         Sequence& seq = *lanes[l].seq;
         SeqSlice s;

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/constraint_matcher.h"
+
 namespace ninfer {
 
 namespace {
@@ -196,6 +198,12 @@ int32_t sample_row_on_host(std::span<float> logits, const SamplingBatch& batch, 
     throw std::out_of_range("sampling row " + std::to_string(row) + ": suppressed ids outside the batch");
   const auto suppressed = std::span(batch.suppressed)
                               .subspan(static_cast<size_t>(r.suppressed_begin), static_cast<size_t>(r.suppressed_count));
+  if (r.mask_begin >= 0) {
+    if (!(static_cast<size_t>(r.mask_begin) + static_cast<size_t>(batch.bitmask_words) <= batch.bitmask.size()))
+      throw std::out_of_range("sampling row " + std::to_string(row) + ": bitmask outside the batch");
+    apply_token_bitmask(logits, std::span(batch.bitmask)
+                                    .subspan(static_cast<size_t>(r.mask_begin), static_cast<size_t>(batch.bitmask_words)));
+  }
   Sampler sampler(params, 0);
   return sampler.choose(logits, generated, suppressed, r.temperature > 0.0f ? r.uniform : 0.0);
 }

@@ -4,6 +4,7 @@
 // once it is admitted, except for `cancel_requested`, which any thread may set.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "engine/engine_event.h"
+#include "engine/constraint_matcher.h"
+#include "cache/prefix_cache.h"
 #include "engine/generation_params.h"
 #include "engine/ngram_drafter.h"
 #include "engine/sampler.h"
@@ -26,16 +29,33 @@ using EngineClock = std::chrono::steady_clock;
 enum class Phase : uint8_t { Pending, Prefilling, Decoding, Finished };
 
 struct Sequence {
-  Sequence(uint64_t id_, GenerationParams params_, int32_t output_cap_, uint64_t seed)
+  Sequence(uint64_t id_, GenerationParams params_, int32_t output_cap_, uint64_t seed, int64_t vocab_size)
       : id(id_),
         params(std::move(params_)),
         output_cap(output_cap_),
+        history(params.prompt),
         sampler(params.sampling, seed),
         stops(params.stop_strings),
-        thinking(params.thinking) {}
+        thinking(params.thinking) {
+    if (params.constraint) {
+      constraint.emplace(params.constraint->grammar, vocab_size, params.constraint->start_after,
+                         params.constraint->prefix);
+      constraint->stats().cache = params.constraint->cache;
+      constraint->stats().prepare_seconds = params.constraint->prepare_seconds;
+    }
+  }
+
+  // Whether this step's draw is under a grammar mask.
+  bool constrained_now() const { return constraint && constraint->active(); }
 
   int32_t prompt_len() const { return static_cast<int32_t>(params.prompt.size()); }
-  int32_t prompt_left() const { return prompt_len() - cached; }
+  // Tokens to forward before the next sampled one: the prompt, or after a pause (replay) the
+  // prompt and every committed output token but the last, which the next decode step feeds.
+  int32_t prefill_target() const {
+    return prompt_len() + std::max<int32_t>(static_cast<int32_t>(output.size()) - 1, 0);
+  }
+  int32_t prefill_left() const { return prefill_target() - cached; }
+  bool replaying() const { return !output.empty(); }
 
   const uint64_t id;
   const GenerationParams params;
@@ -46,10 +66,20 @@ struct Sequence {
   int32_t cached = 0;            // tokens whose K/V are in `pages` (= position of the next input)
   std::vector<int32_t> pages;    // KV page ids in position order
   std::vector<int32_t> output;   // generated tokens
+  std::vector<int32_t> history;  // prompt then output: the token at every position
   TokenCounts output_counts;     // histogram of `output`, for penalties
   Sampler sampler;
   StopMatcher stops;
   ThinkingBudget thinking;
+  std::optional<ConstraintMatcher> constraint;  // from params.constraint
+
+  // Prefix cache.
+  int32_t cached_tokens = 0;       // prompt tokens reused at first admission (reported)
+  bool ever_admitted = false;
+  BlockChain chain;                // the leading blocks of `pages` published to the cache
+  std::vector<int32_t> taps;       // planned prefill snapshot positions, ascending
+  uint64_t endpoint_key = 0;       // block of this request's latest decode snapshot (0: none)
+  int32_t pauses = 0;
 
   EngineClock::time_point submitted{};
   std::optional<EngineClock::time_point> deadline;  // pending only

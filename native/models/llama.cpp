@@ -73,9 +73,10 @@ class LlamaModel final : public Model {
     if (kv.num_layers() != cfg_.layers || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
       throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
     backend_ = make_backend(options.device, options.threads);
-    backend_->bind_kv(kv_);
     load_weights();
     allocate_activations();
+    // Last: with --kv-capacity auto the pool takes what the weights and workspaces leave.
+    backend_->bind_kv(kv_);
     if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
   }
 
@@ -83,6 +84,7 @@ class LlamaModel final : public Model {
   void forward(const BatchPlan& plan, float* logits) override;
   bool samples_on_device() const override { return backend_->samples_on_device(); }
   void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
+  void kv_page_io(int32_t page, void* host, bool to_host) override { backend_->kv_page_io(kv_, page, host, to_host); }
 
  private:
   struct Layer {
@@ -97,7 +99,9 @@ class LlamaModel final : public Model {
     if (random_weights()) {
       // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
       const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-      return backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+      const Weight w = backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+      add_random_weight_statistics(info_, w);
+      return w;
     }
     const TensorView& t = artifact_.tensor(name);
     if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
@@ -108,6 +112,7 @@ class LlamaModel final : public Model {
   Buffer vector(const std::string& name, int64_t size, bool required = true) {
     if (random_weights()) {  // norm weights are 1, optional tensors (biases) absent
       if (!required) return {};
+      add_random_weight_statistics(info_, DType::F32, 1, size);
       Buffer ones = backend_->alloc(size);
       const std::vector<float> host(static_cast<size_t>(size), 1.0f);
       backend_->copy_from_host(ones.data(), host.data(), size);

@@ -94,6 +94,28 @@ class Model {
     (void)length;
   }
 
+  // --- prefix reuse (engine/prefix cache) -------------------------------------------------
+  // Whether a lane has state outside its KV pages (the recurrent state of hybrid models). A
+  // prefix hit on such a model needs a state snapshot taken at exactly the hit position:
+  // cached KV alone cannot rebuild it.
+  virtual bool has_recurrent_state() const { return false; }
+  // Snapshot slots the model holds for that state (ModelOptions::snapshot_slots).
+  virtual int snapshot_slots() const { return 0; }
+  // Copies `lane`'s current state into snapshot `slot` (std::logic_error without state).
+  virtual void save_snapshot(int lane, int slot);
+  // After reset_lane: the lane continues a sequence whose first `position` tokens already
+  // have K/V in its pages (a prefix hit or a replay). A model with recurrent state loads
+  // snapshot `slot`, which must hold the state after exactly those tokens.
+  virtual void resume_lane(int lane, int32_t position, int slot) {
+    (void)lane, (void)position, (void)slot;
+  }
+  // Prefix cache file: copies one KV page (every layer, in the pool's storage type:
+  // KvPool::page_bytes) or one snapshot slot (snapshot_floats() floats) between the model's
+  // memory and host memory. std::logic_error where the model cannot.
+  virtual void kv_page_io(int32_t page, void* host, bool to_host);
+  virtual int64_t snapshot_floats() const { return 0; }
+  virtual void snapshot_io(int slot, float* host, bool to_host);
+
  protected:
   // forward_sampled's precondition: one sampling row per logit row (std::invalid_argument).
   static void check_sampling_rows(const BatchPlan& plan, const SamplingBatch& sampling);
@@ -104,11 +126,16 @@ struct ModelOptions {
   int max_batch_tokens = 512;      // largest BatchPlan::tokens.size() the engine will send
   int threads = 0;                 // CPU worker threads; 0 = all cores
   int max_verify_tokens = 0;       // widest keep_states slice (speculative rounds); 0 = none
+  int snapshot_slots = 0;          // recurrent-state snapshot slots (hybrid models; prefix cache)
   std::string device = "cpu";      // "cpu" or "cuda[:N]"
   // When >= 0, no weight is read from the artifact (only its header): every weight is made by
   // the backend as seeded random values and every norm weight is 1. For benchmarks of real
   // shapes without a weight file; the backend must implement Backend::random_weight.
   int64_t random_weights_seed = -1;
+  // With random weights: the format of the matrices the fp8/nvfp4 converters would quantize
+  // ("bf16", "fp8" or "nvfp4"; models/quantized_names.h), made by
+  // Backend::random_quantized_weight.
+  std::string random_weights_dtype = "bf16";
 };
 
 // Builds the model the artifact's architecture names. Throws std::runtime_error with a clear

@@ -1,4 +1,5 @@
 #include "models/qwen3_5.h"
+#include "models/quantized_names.h"
 
 #include <cmath>
 #include <functional>
@@ -81,9 +82,10 @@ class Qwen35Model final : public Model, public MtpHead {
     if (kv.num_layers() != cfg_.kv_pool_layers() || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
       throw std::runtime_error("the KV pool's geometry does not match the model (use kv_geometry)");
     backend_ = make_backend(options.device, options.threads);
-    backend_->bind_kv(kv_);
     load_weights();
     allocate();
+    // Last: with --kv-capacity auto the pool takes what the weights and workspaces leave.
+    backend_->bind_kv(kv_);
     if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);
   }
 
@@ -93,6 +95,13 @@ class Qwen35Model final : public Model, public MtpHead {
   void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
   void reset_lane(int lane) override;
   void keep_prefix(int lane, int32_t length) override;
+  bool has_recurrent_state() const override { return lane_state_floats() > 0; }
+  int snapshot_slots() const override { return has_recurrent_state() ? options_.snapshot_slots : 0; }
+  void save_snapshot(int lane, int slot) override;
+  void resume_lane(int lane, int32_t position, int slot) override;
+  void kv_page_io(int32_t page, void* host, bool to_host) override { backend_->kv_page_io(kv_, page, host, to_host); }
+  int64_t snapshot_floats() const override { return lane_state_floats(); }
+  void snapshot_io(int slot, float* host, bool to_host) override;
 
   int64_t mtp_layers() const override { return cfg_.mtp_layers; }
   void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
@@ -102,6 +111,12 @@ class Qwen35Model final : public Model, public MtpHead {
 
  private:
   bool random_weights() const { return options_.random_weights_seed >= 0; }
+  // The format of a random weight: options_.random_weights_dtype where an artifact of that
+  // format would quantize the matrix, else bf16.
+  DType random_dtype(const std::string& name, int64_t cols) const {
+    const DType dtype = dtype_from_name(options_.random_weights_dtype);
+    return is_block_quantized(dtype) && quantizable_weight(name, cols, dtype) ? dtype : DType::BF16;
+  }
   int64_t lane_state_floats() const {
     return cfg_.gdn_layers() * (cfg_.gdn.conv_state_floats() + cfg_.gdn.ssm_state_floats());
   }
@@ -170,6 +185,7 @@ class Qwen35Model final : public Model, public MtpHead {
   std::vector<Layer> mtp_layers_;
 
   Buffer state_;                    // [lanes, gdn layers, conv state | ssm state]
+  Buffer snapshots_;                // [snapshot slots, gdn layers, conv state | ssm state]
   std::vector<int64_t> lane_pos_;   // tokens a lane's state has absorbed; -1 after a failed step
   Buffer history_;                  // see conv_history
   // The lane's last keep_states slice (start, tokens), until keep_prefix; tokens 0 = none.
@@ -195,7 +211,10 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
   if (random_weights()) {
     // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    return backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, rows, seed,
+                                                       std::sqrt(3.0f / static_cast<float>(cols)));
+    add_random_weight_statistics(info_, w);
+    return w;
   }
   return backend_->upload_weight(checked(name, {rows, cols}));
 }
@@ -204,8 +223,11 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) 
 Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape) {
   if (random_weights()) {
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    return backend_->random_weight(shape[0] * shape[1], shape[2], seed,
-                                   std::sqrt(3.0f / static_cast<float>(shape[2])));
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, shape[2]), shape[0] * shape[1],
+                                                       shape[2], shape[1], seed,
+                                                       std::sqrt(3.0f / static_cast<float>(shape[2])));
+    add_random_weight_statistics(info_, w);
+    return w;
   }
   TensorView flat = checked(name, shape);
   flat.shape = {shape[0] * shape[1], shape[2]};
@@ -224,6 +246,7 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
   if (random_weights()) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
+    add_random_weight_statistics(info_, DType::F32, 1, n);
     return filled(n, random_value);
   }
   TensorView flat = checked(name, shape);
@@ -232,7 +255,10 @@ Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& 
 }
 
 Buffer Qwen35Model::zero_centered_norm(const std::string& name, int64_t size) {
-  if (random_weights()) return filled(size, 1.0f);  // w = 0
+  if (random_weights()) {
+    add_random_weight_statistics(info_, DType::F32, 1, size);
+    return filled(size, 1.0f);  // w = 0
+  }
   Buffer w = vector(name, {size}, 0.0f);
   std::vector<float> host(static_cast<size_t>(size));
   backend_->synchronize();
@@ -374,6 +400,45 @@ void Qwen35Model::allocate() {
   verified_.assign(static_cast<size_t>(options_.max_lanes), {0, 0});
   if (options_.max_verify_tokens > 0 && lane_state_floats() > 0)
     history_ = b.alloc(static_cast<int64_t>(options_.max_lanes) * lane_history_floats());
+  if (state_floats > 0 && options_.snapshot_slots > 0)
+    snapshots_ = b.alloc(static_cast<int64_t>(options_.snapshot_slots) * lane_state_floats());
+}
+
+void Qwen35Model::save_snapshot(int lane, int slot) {
+  if (!has_recurrent_state()) Model::save_snapshot(lane, slot);
+  if (lane < 0 || lane >= options_.max_lanes || slot < 0 || slot >= options_.snapshot_slots)
+    throw std::invalid_argument("save_snapshot: lane " + std::to_string(lane) + " or slot " + std::to_string(slot) +
+                                " is out of range");
+  if (lane_pos_[static_cast<size_t>(lane)] < 0)
+    throw std::logic_error("save_snapshot: lane " + std::to_string(lane) + "'s state is undefined after a failed step");
+  backend_->copy(snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats(), conv_state(lane, 0),
+                 lane_state_floats());
+}
+
+void Qwen35Model::snapshot_io(int slot, float* host, bool to_host) {
+  if (slot < 0 || slot >= snapshot_slots()) throw std::invalid_argument("snapshot_io: slot out of range");
+  float* at = snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats();
+  backend_->synchronize();
+  if (to_host) {
+    backend_->copy_to_host(host, at, lane_state_floats());
+  } else {
+    backend_->copy_from_host(at, host, lane_state_floats());
+    backend_->synchronize();
+  }
+}
+
+void Qwen35Model::resume_lane(int lane, int32_t position, int slot) {
+  if (lane < 0 || lane >= options_.max_lanes || position < 0)
+    throw std::invalid_argument("resume_lane: lane " + std::to_string(lane) + " or position " +
+                                std::to_string(position) + " is out of range");
+  if (has_recurrent_state() && position > 0) {
+    if (slot < 0 || slot >= options_.snapshot_slots)
+      throw std::invalid_argument("resume_lane: a hybrid lane resumes at position " + std::to_string(position) +
+                                  " only from a state snapshot (slot " + std::to_string(slot) + ")");
+    backend_->copy(conv_state(lane, 0), snapshots_.data() + static_cast<int64_t>(slot) * lane_state_floats(),
+                   lane_state_floats());
+  }
+  lane_pos_[static_cast<size_t>(lane)] = position;
 }
 
 void Qwen35Model::reset_lane(int lane) {
@@ -389,14 +454,17 @@ void Qwen35Model::keep_prefix(int lane, int32_t length) {
   if (lane < 0 || lane >= options_.max_lanes)
     throw std::invalid_argument("keep_prefix: lane " + std::to_string(lane) + " is outside [0, " +
                                 std::to_string(options_.max_lanes) + ")");
-  auto& [start, tokens] = verified_[static_cast<size_t>(lane)];
-  if (tokens == 0 || lane_pos_[static_cast<size_t>(lane)] != start + tokens)
+  const auto& [start, tokens] = verified_[static_cast<size_t>(lane)];
+  const int64_t pos = lane_pos_[static_cast<size_t>(lane)];
+  if (tokens == 0 || pos <= start || pos > start + tokens)
     throw std::invalid_argument("keep_prefix: lane " + std::to_string(lane) + " has no verified slice to roll back");
   if (length <= start || length > start + tokens)
     throw std::invalid_argument("keep_prefix: length " + std::to_string(length) + " is outside the verified slice (" +
                                 std::to_string(start) + ", " + std::to_string(start + tokens) + "]");
+  // Until the lane's next forward the per-token history stays valid, so the engine may step
+  // back to a block boundary inside the round (a snapshot there) and then on to its end.
   const int64_t slot = length - start - 1;
-  if (slot + 1 < tokens) {  // the last slot is the state the slice already left behind
+  if (length != pos || pos != start + tokens) {
     const int64_t conv = cfg_.gdn.conv_state_floats(), ssm = cfg_.gdn.ssm_state_floats();
     for (int64_t g = 0; g < cfg_.gdn_layers(); ++g) {
       backend_->copy(conv_state(lane, g), conv_history(lane, g) + slot * conv, conv);
@@ -405,7 +473,6 @@ void Qwen35Model::keep_prefix(int lane, int32_t length) {
     backend_->synchronize();
   }
   lane_pos_[static_cast<size_t>(lane)] = length;
-  tokens = 0;
 }
 
 // Validates the plan and lays out its rows. With hybrid_state, each slice must continue its

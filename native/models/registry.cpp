@@ -27,6 +27,18 @@ void Model::forward_sampled(const BatchPlan&, const SamplingBatch&, int32_t*) {
   throw std::logic_error("the " + info().architecture + " model does not sample on its device");
 }
 
+void Model::save_snapshot(int, int) {
+  throw std::logic_error("the " + info().architecture + " model keeps no state outside its KV pages to snapshot");
+}
+
+void Model::kv_page_io(int32_t, void*, bool) {
+  throw std::logic_error("the " + info().architecture + " model cannot copy KV pages to the host");
+}
+
+void Model::snapshot_io(int, float*, bool) {
+  throw std::logic_error("the " + info().architecture + " model has no state snapshots");
+}
+
 void Model::check_sampling_rows(const BatchPlan& plan, const SamplingBatch& sampling) {
   if (static_cast<int64_t>(sampling.rows.size()) != plan.num_logit_rows())
     throw std::invalid_argument("forward_sampled: " + std::to_string(sampling.rows.size()) + " sampling rows for " +

@@ -41,6 +41,12 @@ void ToyModel::reset_lane(int lane) {
   lane_positions_[static_cast<size_t>(lane)] = 0;
 }
 
+void ToyModel::resume_lane(int lane, int32_t position, int) {
+  reset_lane(lane);
+  if (position < 0) throw std::logic_error("toy model: resume at a negative position");
+  lane_positions_[static_cast<size_t>(lane)] = position;
+}
+
 void ToyModel::forward(const BatchPlan& plan, float* logits) {
   ++forwards_;
   if (const int64_t us = step_delay_us_.load(); us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/backend.h"
 #include "cache/kv_pool.h"
 #include "models/model.h"
 
@@ -27,6 +28,8 @@ class ToyModel final : public Model {
   void forward(const BatchPlan& plan, float* logits) override;
   void reset_lane(int lane) override;
   void keep_prefix(int lane, int32_t length) override;
+  void resume_lane(int lane, int32_t position, int slot) override;
+  void kv_page_io(int32_t page, void* host, bool to_host) override { kv_page_io_host(pool_, page, host, to_host); }
   // Off unless a test turns it on: then the toy "samples on its device" with the host
   // reference (sample_row_on_host), so the engine's device-sampling path runs on the CPU.
   bool samples_on_device() const override { return samples_on_device_; }

@@ -23,6 +23,7 @@ Handle semantics (the server codes against these):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import weakref
@@ -67,6 +68,13 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         mtp_draft_tokens=config.mtp_draft_tokens,
         ngram_draft_tokens=config.ngram_draft_tokens,
         ngram_min_match=config.ngram_min_match,
+        kv_capacity=config.kv_capacity,
+        vram_headroom_mib=config.vram_headroom_mib,
+        prefix_reuse=config.prefix_reuse,
+        snapshot_slots=config.snapshot_slots,
+        taps_per_request=config.taps_per_request,
+        tap_ladder=config.tap_ladder,
+        tap_min_gap=config.tap_min_gap,
     )
 
 
@@ -80,15 +88,22 @@ def _to_event(core_event: Any) -> EngineEvent:
         stop_reason=core_event.stop_reason,
         prompt_tokens=core_event.prompt_tokens,
         completion_tokens=core_event.completion_tokens,
-        timings=Timings(
-            core_event.queue_ms,
-            core_event.prompt_ms,
-            core_event.predicted_ms,
-            core_event.decode_share_ms,
-            core_event.draft_n,
-            core_event.draft_n_accepted,
+        # Only the finished event carries timings; skipping them saves four reads a token.
+        timings=(
+            Timings(
+                core_event.queue_ms,
+                core_event.prompt_ms,
+                core_event.predicted_ms,
+                core_event.decode_share_ms,
+                core_event.draft_n,
+                core_event.draft_n_accepted,
+            )
+            if core_event.finished
+            else None
         ),
         error=core_event.error,
+        constraint=getattr(core_event, "constraint", None),
+        cached_tokens=core_event.cached_tokens,
         speculative=core_event.speculative,
     )
 
@@ -103,18 +118,32 @@ def _thinking_budget_options(budget: ThinkingBudget) -> dict[str, Any]:
     }
 
 
+def _constraint_arguments(request: GenerationRequest) -> dict[str, Any]:
+    if request.constraint is None:
+        return {}
+    return {
+        "constraint": request.constraint,
+        "constraint_start_after": request.constraint_start_after,
+        "constraint_prefix": request.constraint_prefix,
+    }
+
+
 class RequestHandle:
     """One submitted request: admission, its event stream, cancellation."""
 
     def __init__(self, engine: AsyncEngine, request_id: int) -> None:
         self.request_id = request_id
         self._engine = engine
-        self._events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        # One consumer reads these; `_waiter` is its pending wait (a bare future, no Task).
+        self._events: collections.deque[EngineEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._admission = asyncio.Event()
         self._admission_error: Exception | None = None
         self._finished = False  # the core reported the end (event queued or admission failed)
         self._consumed = False  # the consumer received the finished event
         self._cancel_sent = False
+        self.cached_tokens = 0  # the prefix cache's reuse, known once admitted
+        self._queued_progress: EngineEvent | None = None  # a progress event not yet consumed
         self.seed: int | None = None
 
     async def admitted(self) -> None:
@@ -134,13 +163,44 @@ class RequestHandle:
         return self
 
     async def __anext__(self) -> EngineEvent:
+        event = await self.next_within(None)
+        assert event is not None  # no timeout: only an event ends the wait
+        return event
+
+    async def next_within(self, timeout: float | None) -> EngineEvent | None:
+        """The next event, or None once `timeout` seconds pass without one (nothing is lost:
+        ask again). A stream uses it to send keep-alives while the engine is quiet without a
+        Task per event. Raises StopAsyncIteration after the finished event, and what
+        admitted() raises before admission."""
         if self._consumed:
             raise StopAsyncIteration
-        await self.admitted()
-        event = await self._events.get()
+        if not self._admission.is_set() and timeout is not None:
+            try:  # rare (streams wait for their lane first): a Task here is fine
+                await asyncio.wait_for(self._admission.wait(), timeout)
+            except TimeoutError:
+                return None
+        if not self._admission.is_set() or self._admission_error is not None:
+            await self.admitted()
+        if not self._events and not await self._wait_for_event(timeout):
+            return None
+        event = self._events.popleft()
+        if event is self._queued_progress:
+            self._queued_progress = None
         if event.finished:
             self._consumed = True
         return event
+
+    async def _wait_for_event(self, timeout: float | None) -> bool:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return bool(self._events)
 
     async def aclose(self) -> None:
         self.cancel()
@@ -171,11 +231,31 @@ class RequestHandle:
     def _deliver(self, core_event: Any) -> None:
         kind = core_event.kind
         if kind == "admitted":
+            self.cached_tokens = getattr(core_event, "cached_tokens", 0)
             self._admission.set()
             return
         if kind == "queue_timeout":
             self._finished = True
             self._fail_admission(QueueTimeout(core_event.error or "request queue timeout"))
+            return
+        if kind == "prompt_progress":
+            if self._admission_error is not None:
+                return
+            if self._queued_progress is not None:
+                # The consumer is slower than prefill: the event it has not read yet now
+                # carries the newest frontier instead of a second event queueing behind it.
+                self._queued_progress.prompt_processed = core_event.prompt_processed
+                return
+            self._queued_progress = EngineEvent(
+                request_id=core_event.request_id,
+                token_ids=[],
+                text=b"",
+                prompt_tokens=core_event.prompt_tokens,
+                prompt_processed=core_event.prompt_processed,
+            )
+            self._events.append(self._queued_progress)
+            if self._waiter is not None:
+                _wake(self._waiter)
             return
         if core_event.finished:
             self._finished = True
@@ -189,7 +269,14 @@ class RequestHandle:
                         EngineUnavailable(core_event.error or "engine unavailable")
                     )
             return
-        self._events.put_nowait(_to_event(core_event))
+        self._events.append(_to_event(core_event))
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class AsyncEngine:
@@ -207,7 +294,9 @@ class AsyncEngine:
         self._core = core
         self.tokenizer = tokenizer
         self.header: dict[str, Any] = header or {}
-        self.max_context: int = core.max_context
+        # The ceiling of one request: --max-context, or the shared KV pool when it is smaller.
+        self.kv_capacity: int | None = getattr(core, "kv_capacity", None)
+        self.max_context: int = min(core.max_context, self.kv_capacity or core.max_context)
         self.model_info: dict[str, Any] = model_info or self._default_model_info()
         self._chat_template = chat_template
         self._handles: weakref.WeakValueDictionary[int, RequestHandle] = (
@@ -216,6 +305,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._failure_logged = False
+        self.prefix_cache_file: str | None = None  # saved on close when set
 
     # --- construction --------------------------------------------------------------------
 
@@ -225,20 +315,24 @@ class AsyncEngine:
         from ninfer.engine_loading import load_engine_parts
 
         parts = load_engine_parts(Path(artifact_path), config)
-        return cls(
+        engine = cls(
             parts.core,
             tokenizer=parts.tokenizer,
             header=parts.header,
             model_info=parts.model_info,
             chat_template=parts.chat_template,
         )
+        if config.prefix_cache_file:
+            engine.load_prefix_cache(config.prefix_cache_file)
+        return engine
 
     def _default_model_info(self) -> dict[str, Any]:
         info = self._core.model_info
         return {
             "n_vocab": info["vocab_size"],
-            "n_ctx": self._core.max_context,
+            "n_ctx": self.max_context,
             "n_ctx_train": info["max_position_embeddings"],
+            "kv_capacity": self.kv_capacity,
             "n_embd": info["hidden_size"],
             "n_params": info["num_params"],
             "size": info["weight_bytes"],
@@ -283,7 +377,10 @@ class AsyncEngine:
             stop_strings=request.stop_strings,
             ignore_eos=request.ignore_eos,
             min_tokens=min(request.min_tokens, _INT32_MAX),
+            **({"cache_candidates": request.cache_candidates} if request.cache_candidates else {}),
+            report_progress=request.report_progress,
             **(_thinking_budget_options(budget) if budget is not None else {}),
+            **_constraint_arguments(request),
         )
         status = result.status
         if status == "overloaded":
@@ -298,6 +395,11 @@ class AsyncEngine:
         handle.seed = result.seed  # the sampler's seed, drawn by the core when none was given
         self._handles[result.request_id] = handle
         return handle
+
+    def compile_constraint(self, kind: str, source: str, lead: str = "") -> Any:
+        """Compiles (or finds in the cache) an output constraint; blocking, so call it off the
+        event loop. Raises ValueError (the core's GrammarError) when the source is rejected."""
+        return self._core.compile_grammar(kind, source, lead)
 
     async def warmup(self) -> None:
         """Runs a tiny greedy generation so the first real request does not pay for
@@ -324,6 +426,21 @@ class AsyncEngine:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.event_fd)
         self._loop = None
+        if self.prefix_cache_file:
+            _log.info("saving the prefix cache to %s", self.prefix_cache_file)
+            report = await asyncio.to_thread(self._core.save_prefix_cache, self.prefix_cache_file)
+            (_log.info if report["ok"] else _log.error)("prefix cache: %s", report["message"])
+
+    def load_prefix_cache(self, path: str) -> dict[str, Any]:
+        """Restores the prefix cache from `path` (before serving) and saves it there on close."""
+        self.prefix_cache_file = path
+        _log.info("reading the prefix cache file %s", path)
+        report = self._core.load_prefix_cache(path)
+        missing = not report["ok"] and report["message"].startswith("no prefix cache file")
+        (_log.info if report["ok"] or missing else _log.warning)(
+            "prefix cache: %s", report["message"]
+        )
+        return report
 
     # --- event routing -------------------------------------------------------------------
 

@@ -46,7 +46,14 @@ class GenerationRequest:
     stop_strings: list[str] = field(default_factory=list)  # matched on bytes; text withheld
     ignore_eos: bool = False
     min_tokens: int = 0  # eos and stops are suppressed until this many tokens exist
+    cache_candidates: list[int] = field(default_factory=list)  # prefix-cache write hints
     thinking_budget: ThinkingBudget | None = None
+    # A grammar compiled by AsyncEngine.compile_constraint: tokens outside it are never
+    # sampled. It applies after `constraint_start_after` is generated (-1: from the start).
+    constraint: Any = None
+    constraint_start_after: int = -1
+    constraint_prefix: str = ""  # answer text already given (a prefill), consumed first
+    report_progress: bool = False  # a prompt-progress event after each prefill chunk
 
 
 @dataclass(slots=True)
@@ -77,10 +84,15 @@ class EngineEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     timings: Timings | None = None  # set on the finished event
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache (fixed at admission)
     error: str | None = None
     # Finished events of a speculating engine: rounds, drafted/accepted tokens, ... (the
     # request log's request_done.speculative); None without speculative work.
     speculative: dict[str, Any] | None = None
+    constraint: dict[str, Any] | None = None  # constrained requests: the matcher's counters
+    # Set only on a prompt-progress event (GenerationRequest.report_progress): the prompt
+    # tokens committed so far, after a prefill chunk that left more prompt. It has no tokens.
+    prompt_processed: int | None = None
 
 
 class EngineError(Exception):
@@ -123,3 +135,15 @@ class EngineConfig:
     ngram_draft_tokens: int = 0  # --ngram-draft-tokens; 0 = no n-gram copies
     ngram_min_match: int = 12  # --ngram-min-match
     device: str = "cpu"
+    kv_capacity: int = 0  # shared KV pool in tokens; 0 = auto (free memory less the headroom)
+    vram_headroom_mib: int = 1024  # auto sizing leaves this much free
+    prefix_reuse: bool = True  # reuse cached prompt prefixes across requests
+    snapshot_slots: int = 0  # hybrid models: state snapshot slots; 0 = max_concurrency + 3
+    taps_per_request: int = -1  # hybrid: prefill snapshots per request; -1 = 2
+    tap_ladder: int = 0  # hybrid: ladder base G; 0 = max(4096, 2 * prefill_chunk)
+    tap_min_gap: int = 0  # hybrid: minimum tap spacing; 0 = max(1024, prefill_chunk)
+    prefix_cache_file: str | None = None  # restore the cache from it at open, save on close
+    cuda_graphs: bool = True  # replay captured CUDA graphs for decode steps (CUDA devices)
+    # None: weights come from the artifact. An int: only its header is read and the engine
+    # makes seeded random weights on the device (benchmarks of real shapes, no weight file).
+    random_weights_seed: int | None = None

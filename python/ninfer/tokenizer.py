@@ -122,6 +122,10 @@ class Tokenizer:
         """The spellings of tokenizer.json's added tokens (the control tokens)."""
         return [t["content"] for t in self._spec.get("added_tokens") or [] if t.get("content")]
 
+    def special_token_ids(self) -> list[int]:
+        """Ids of the added tokens flagged special (control tokens, not text)."""
+        return [t["id"] for t in self._spec.get("added_tokens") or [] if t.get("special")]
+
     def encode_batch(self, texts: Sequence[str], *, allow_special: bool = True) -> list[list[int]]:
         tokenizer = self._tokenizer if allow_special else self._plain
         return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]

@@ -6,7 +6,9 @@
 // sequences), each task's pages are split into ranges whose partial states are merged after.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -32,12 +34,27 @@ void check_slice(const AttentionSlice& s, const KvPool& kv) {
       throw std::out_of_range("page id " + std::to_string(s.page_table[p]) + " is outside the KV pool");
 }
 
+// RAM the kernel reports as available (MemAvailable), 0 when it cannot be read.
+int64_t host_available_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
 }  // namespace
 
 void CpuBackend::bind_kv(KvPool& kv) {
   if (!kv.has_storage()) {
+    kv.resolve_size(host_available_bytes(), sizeof(float));
     const auto elems = static_cast<size_t>(kv.storage_elems());
-    kv.attach_storage({std::shared_ptr<void>(new float[elems](), std::default_delete<float[]>()), DType::F32, "cpu"});
+    // calloc: the OS hands out zero pages lazily, so a large pool costs RAM only as it fills.
+    void* memory = std::calloc(std::max<size_t>(elems, 1), sizeof(float));
+    if (!memory) throw std::bad_alloc();
+    kv.attach_storage({std::shared_ptr<void>(memory, [](void* p) { std::free(p); }), DType::F32, "cpu"});
   } else if (kv.storage().device != "cpu" || kv.storage().dtype != DType::F32) {
     throw std::invalid_argument("the KV pool's storage is " + std::string(dtype_name(kv.storage().dtype)) + " on " +
                                 kv.storage().device + "; the CPU backend needs f32 on cpu");

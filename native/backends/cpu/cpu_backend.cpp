@@ -1,4 +1,5 @@
 #include "backends/cpu/cpu_backend.h"
+#include "backends/quantized_weight.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -48,7 +49,7 @@ void convert_row(DType dtype, const void* src, int64_t cols, float* dst) {
       }
       return;
     }
-    case DType::I32: break;
+    case DType::I32: case DType::FP8: case DType::NVFP4: break;  // FP8/NVFP4: dequantize_rows
   }
   throw std::runtime_error("cannot convert a " + std::string(dtype_name(dtype)) + " row to f32");
 }
@@ -70,12 +71,47 @@ Weight CpuBackend::upload_weight(const TensorView& t) {
     throw std::runtime_error("tensor '" + t.name + "': a weight must be 1-D or 2-D");
   if (t.dtype == DType::I32)
     throw std::runtime_error("tensor '" + t.name + "': i32 is not a weight format");
-  Weight w{t.dtype, t.shape.size() == 2 ? t.shape[0] : 1, t.shape.back(), t.data};
+  const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
+  if (is_block_quantized(t.dtype)) {
+    const int64_t group_rows = std::min(t.group_rows, rows);
+    if (static_cast<uint64_t>(QuantizedLayout::of(t.dtype, rows, t.shape.back(), group_rows).nbytes) != t.nbytes)
+      throw std::runtime_error("tensor '" + t.name + "': byte size does not match its shape");
+    return quantized_weight_at(t.dtype, rows, t.shape.back(), group_rows, t.data);  // zero copy
+  }
+  Weight w{t.dtype, rows, t.shape.back(), t.data};
   if (w.dtype == DType::Q8_0 && w.cols % kQ8BlockSize != 0)
     throw std::runtime_error("tensor '" + t.name + "': q8_0 rows must be a multiple of 32");
   if (static_cast<uint64_t>(row_bytes(w.dtype, w.cols) * w.rows) != t.nbytes)
     throw std::runtime_error("tensor '" + t.name + "': byte size does not match its shape");
   return w;
+}
+
+namespace {
+
+// splitmix64, the CUDA backend's generator: the same seed gives the same weights on both.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Weight CpuBackend::random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) {
+  if (rows <= 0 || cols <= 0) throw std::invalid_argument("random_weight: rows and cols must be positive");
+  const int64_t n = rows * cols;
+  const size_t bytes = (static_cast<size_t>(n) * sizeof(uint16_t) + 63) / 64 * 64;
+  auto* data = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
+  if (!data) throw std::bad_alloc();
+  random_weights_.emplace_back(data, [](uint16_t* p) { std::free(p); });
+  const uint64_t key = mix64(seed + 0x9e3779b97f4a7c15ull);
+  pool_.parallel_ranges(n, 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float unit = static_cast<float>(mix64(key ^ static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+      data[i] = f32_to_bf16((2.0f * unit - 1.0f) * scale);
+    }
+  });
+  return Weight{DType::BF16, rows, cols, data};
 }
 
 Buffer CpuBackend::upload_vector(const TensorView& t) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "backends/backend.h"
@@ -31,6 +32,7 @@ class CpuBackend final : public Backend {
   void copy_to_host(float* dst, const float* src, int64_t elements) override;
   void synchronize() override {}
   void bind_kv(KvPool& kv) override;
+  Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
 
   void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
   void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
@@ -71,6 +73,7 @@ class CpuBackend final : public Backend {
   std::vector<float> partial_acc_;        // scratch: attention over split page ranges
   std::vector<OnlineSoftmax> partial_state_;
   std::vector<float> moe_rows_, moe_gate_, moe_up_, moe_out_;  // scratch: one expert's rows
+  std::vector<std::shared_ptr<uint16_t>> random_weights_;      // bf16 storage random_weight made
 };
 
 }  // namespace ninfer::cpu

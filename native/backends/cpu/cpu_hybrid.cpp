@@ -11,6 +11,7 @@
 #include "backends/cpu/gdn_cpu.h"
 #include "backends/cpu/moe_cpu.h"
 #include "backends/cpu/parallel_range.h"
+#include "backends/quantized_weight.h"
 
 namespace ninfer::cpu {
 
@@ -21,10 +22,7 @@ constexpr int64_t kElementwiseGrain = 1 << 14;
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Rows [first_row, first_row + rows) of a 2-D weight, as a weight of its own.
-Weight row_block(const Weight& w, int64_t first_row, int64_t rows) {
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  return Weight{w.dtype, rows, w.cols, base + first_row * row_bytes(w.dtype, w.cols)};
-}
+Weight row_block(const Weight& w, int64_t first_row, int64_t rows) { return weight_rows(w, first_row, rows); }
 
 }  // namespace
 

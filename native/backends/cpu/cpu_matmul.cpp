@@ -4,13 +4,16 @@
 // the weights exactly once; for prefill, rows of X are processed in blocks so a weight chunk
 // is reused from cache across the block. Q8_0 weights meet X quantized to int8 blocks.
 // Several weights applied to the same X (q/k/v, gate/up) run as one job: one hand-off to the
-// thread pool and one quantization of X instead of one per weight.
+// thread pool and one quantization of X instead of one per weight. FP8 and NVFP4 weights are
+// the reference path (correctness, not speed): a task decodes its rows to f32, then runs the
+// f32 tile.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/quantized_weight.h"
 
 namespace ninfer::cpu {
 
@@ -33,7 +36,7 @@ MatmulTileF32 float_tile(const CpuKernels& kernels, DType dtype) {
     case DType::F32: return kernels.tile_f32;
     case DType::F16: return kernels.tile_f16;
     case DType::BF16: return kernels.tile_bf16;
-    case DType::Q8_0: return nullptr;
+    case DType::Q8_0: case DType::FP8: case DType::NVFP4: return nullptr;
     case DType::I32: break;
   }
   throw std::invalid_argument("matmul: " + std::string(dtype_name(dtype)) + " weights are not supported");
@@ -42,7 +45,7 @@ MatmulTileF32 float_tile(const CpuKernels& kernels, DType dtype) {
 // One output's split into (column chunk x row block) tasks.
 struct OutputPlan {
   MatmulOutput out;
-  MatmulTileF32 tile;       // null for q8_0
+  MatmulTileF32 tile;       // null for q8_0, fp8 and nvfp4
   int64_t row_bytes;
   int64_t cols_per_task;
   int64_t col_tasks;
@@ -97,7 +100,12 @@ void CpuBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulOu
     const int64_t nc = std::min(plan.cols_per_task, n - c0), nr = std::min(kRowBlock, m - r0);
     const uint8_t* wc = static_cast<const uint8_t*>(plan.out.weight->data) + c0 * plan.row_bytes;
     float* yc = plan.out.y + r0 * n + c0;
-    if (plan.tile)
+    if (is_block_quantized(plan.out.weight->dtype)) {
+      thread_local std::vector<float> decoded;
+      decoded.resize(static_cast<size_t>(nc * k));
+      dequantize_rows(*plan.out.weight, c0, nc, decoded.data());
+      kernels.tile_f32(x + r0 * k, k, nr, decoded.data(), k * 4, nc, k, yc, n);
+    } else if (plan.tile)
       plan.tile(x + r0 * k, k, nr, wc, plan.row_bytes, nc, k, yc, n);
     else
       kernels.tile_q8_0(xq + r0 * blocks_per_row, blocks_per_row, nr, wc, plan.row_bytes, nc, k, yc, n);

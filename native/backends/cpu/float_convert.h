@@ -9,6 +9,12 @@ namespace ninfer::cpu {
 
 inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
+// Round to nearest even, as the converters and the CUDA backend round (finite inputs).
+inline uint16_t f32_to_bf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 inline float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;

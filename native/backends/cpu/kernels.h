@@ -45,15 +45,29 @@ extern const CpuKernels kScalarKernels;
 #if NINFER_HAVE_AVX2_KERNELS
 extern const CpuKernels kAvx2Kernels;
 CpuKernels avxvnni_kernels();  // kAvx2Kernels with the AVX-VNNI int8 matmul
+// kAvx2Kernels' activation quantization plus the +128 offset the VNNI matmuls expect (AVX2 only).
+void quantize_row_q8_offset(const float* x, int64_t k, BlockQ8Act* out);
 #endif
 #if NINFER_HAVE_AVX512_KERNELS
-CpuKernels avx512vnni_kernels();  // avxvnni_kernels() with a 512-bit VNNI int8 matmul
+// kAvx2Kernels with the offset quantization and a 512-bit VNNI int8 matmul; needs AVX-512
+// F/BW/DQ/VL/VNNI but not AVX-VNNI (so Zen 4 runs it).
+CpuKernels avx512vnni_kernels();
 #endif
 
-// The active table. Initially the best the CPU supports (AVX-VNNI, else AVX2, else scalar;
-// AVX-512 VNNI only when named) unless NINFER_CPU_KERNELS names one; `select_cpu_kernels` switches it
-// ("auto", "scalar", "avx2", "avxvnni" or "avx512vnni"; throws for a name this build or CPU
-// cannot run).
+// CPU features that decide the kernel set, and the set they select ("avx512vnni", "avxvnni",
+// "avx2" or "scalar"): the fastest one the features allow (pure, so tests can check a CPU
+// they do not run on).
+struct CpuFeatures {
+  bool avx2_fma_f16c = false;
+  bool avxvnni = false;
+  bool avx512_f_bw_dq_vl_vnni = false;
+};
+CpuFeatures detect_cpu_features();
+std::string_view best_kernel_name(const CpuFeatures& features);
+
+// The active table. Initially `best_kernel_name(detect_cpu_features())` among the sets this
+// build has, unless NINFER_CPU_KERNELS names one; `select_cpu_kernels` switches it ("auto",
+// "scalar", "avx2", "avxvnni" or "avx512vnni"; throws for a name this build or CPU cannot run).
 const CpuKernels& cpu_kernels();
 void select_cpu_kernels(std::string_view name);
 

@@ -1,4 +1,4 @@
-// AVX-512 VNNI flavour of the Q8_0 matmul (everything else is the AVX-VNNI table). The same
+// AVX-512 VNNI flavour of the Q8_0 matmul (everything else is the AVX2 table). The same
 // +128 activation offset as the AVX-VNNI kernel, but one 512-bit vpdpbusd covers two weight
 // blocks, which halves the instructions per weight byte in the decode-bound stream.
 #include <immintrin.h>
@@ -110,9 +110,12 @@ void tile_q8_0(const BlockQ8Act* x, int64_t x_stride, int64_t m, const void* w, 
 }  // namespace
 
 CpuKernels avx512vnni_kernels() {
-  CpuKernels k = avxvnni_kernels();  // its quantization stores the +128 offset this kernel expects
+  // Nothing from the AVX-VNNI table: that file is compiled for the VEX VNNI set, which Zen 4
+  // lacks although it has AVX-512 VNNI.
+  CpuKernels k = kAvx2Kernels;
   k.name = "avx512vnni";
   k.tile_q8_0 = tile_q8_0;
+  k.quantize_row_q8 = quantize_row_q8_offset;  // the +128 offset this kernel expects
   return k;
 }
 

@@ -72,16 +72,6 @@ void tile_q8_0(const BlockQ8Act* x, int64_t x_stride, int64_t m, const void* w, 
   for (; i < m; ++i) tile_rows<1, 4>(x + i * x_stride, x_stride, wb, w_row_bytes, n, blocks, y + i * ldy, ldy);
 }
 
-// The AVX2 quantization, then the +128 offset (a sign-bit flip) that vpdpbusd needs.
-void quantize_row_q8_offset(const float* x, int64_t k, BlockQ8Act* out) {
-  kAvx2Kernels.quantize_row_q8(x, k, out);
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t b = 0; b < k / kQ8BlockSize; ++b) {
-    auto* q = reinterpret_cast<__m256i*>(out[b].q);
-    _mm256_storeu_si256(q, _mm256_xor_si256(_mm256_loadu_si256(q), flip));
-  }
-}
-
 }  // namespace
 
 CpuKernels avxvnni_kernels() {

@@ -159,6 +159,7 @@ Weight CudaBackend::upload_weight(const TensorView& t) {
     throw std::runtime_error("tensor '" + t.name + "': a weight must be 1-D or 2-D");
   if (t.dtype == DType::I32) throw std::runtime_error("tensor '" + t.name + "': i32 is not a weight format");
   const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1, cols = t.shape.back();
+  if (is_block_quantized(t.dtype)) return upload_quantized(t, rows, cols);
   if (t.dtype == DType::Q8_0 && cols % kQ8BlockSize != 0)
     throw std::runtime_error("tensor '" + t.name + "': q8_0 rows must be a multiple of 32");
   if (static_cast<uint64_t>(row_bytes(t.dtype, cols) * rows) != t.nbytes)
@@ -227,6 +228,9 @@ void CudaBackend::bind_kv(KvPool& kv) {
     throw std::invalid_argument("CUDA attention: head_dim " + std::to_string(kv.head_dim()) +
                                 " is not supported (64, 128 or 256)");
   activate();
+  size_t free_bytes = 0, total_bytes = 0;
+  NINFER_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  kv.resolve_size(static_cast<int64_t>(free_bytes), 2);
   const size_t bytes = static_cast<size_t>(kv.storage_elems()) * 2;
   void* p = nullptr;
   NINFER_CUDA_CHECK(cudaMalloc(&p, bytes));
@@ -238,6 +242,23 @@ void CudaBackend::bind_kv(KvPool& kv) {
                                              cudaFree(q);
                                            }),
                      DType::BF16, where});
+}
+
+void CudaBackend::kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) {
+  bind_kv(kv);
+  if (page < 0 || page >= kv.num_pages()) throw std::out_of_range("kv_page_io: page outside the pool");
+  activate();
+  const size_t piece = static_cast<size_t>(kv.page_elems()) * 2;  // bf16
+  auto* base = static_cast<std::byte*>(kv.storage().memory.get());
+  auto* at = static_cast<std::byte*>(host);
+  for (int64_t layer = 0; layer < kv.num_layers(); ++layer)
+    for (int which = 0; which < 2; ++which, at += piece) {
+      std::byte* stored = base + static_cast<size_t>(kv.page_offset(layer, page, which)) * 2;
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(to_host ? static_cast<void*>(at) : static_cast<void*>(stored),
+                                        to_host ? static_cast<const void*>(stored) : static_cast<const void*>(at),
+                                        piece, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_));
+    }
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 Weight CudaBackend::random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) {
@@ -318,6 +339,14 @@ bool CudaBackend::prefer_gemv(const float* x, int64_t m, std::span<const MatmulO
 
 void CudaBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) {
   if (outputs.empty() || m <= 0) return;
+  if (std::any_of(outputs.begin(), outputs.end(), [](const MatmulOutput& o) { return is_block_quantized(o.weight->dtype); })) {
+    // bf16 and quantized weights of one call (a mixed-precision checkpoint) go their own ways.
+    std::vector<MatmulOutput> plain, quantized;
+    for (const auto& o : outputs) (is_block_quantized(o.weight->dtype) ? quantized : plain).push_back(o);
+    if (!plain.empty()) matmul_many(x, m, plain);
+    matmul_quantized(x, m, quantized);
+    return;
+  }
   const int64_t k = outputs[0].weight->cols;
   for (const auto& o : outputs) {
     if (o.weight->dtype != DType::BF16)

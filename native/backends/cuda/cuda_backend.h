@@ -108,7 +108,10 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void run_step(bool graphable, const std::function<void()>& enqueue) override;
   void bind_kv(KvPool& kv) override;
+  void kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) override;
   Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
+  Weight random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t group_rows, uint64_t seed,
+                                 float scale) override;
 
   void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
   void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
@@ -173,6 +176,9 @@ class CudaBackend final : public Backend {
   void run_cublas(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   bool prefer_gemv(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   KvLayout kv_layout(const KvPool& kv, int64_t layer) const;
+  // FP8/NVFP4 weights (cuda_backend_quant.cpp).
+  Weight upload_quantized(const TensorView& tensor, int64_t rows, int64_t cols);
+  void matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   MoePath moe_path_for(int64_t pairs, int64_t hidden, const MoeExperts& experts) const;
   void moe_experts_on_host_plan(const float* x, int64_t tokens, int64_t hidden, const int32_t* ids_dev,
                                 const float* route_weights, const MoeExperts& experts, float* out);
@@ -223,6 +229,7 @@ class CudaBackend final : public Backend {
   std::vector<Chunk> arena_;
 
   DeviceScratch x_bf16_, partials_;
+  DeviceScratch w_bf16_;  // a quantized weight dequantized for a prefill GEMM
   void* gemv_memory_ = nullptr;  // the GEMV's workspace (zeroed once, reused by every launch)
   GemvWorkspace gemv_workspace_;
   MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;

@@ -1,5 +1,5 @@
-// CudaBackend::sample_rows: the step's sampling rows and their penalty and suppression lists go
-// up as one packed upload from pinned memory, one block per row picks the token
+// CudaBackend::sample_rows: the step's sampling rows and their penalty and suppression lists
+// and grammar bitmasks go up as one packed upload from pinned memory, one block per row picks the token
 // (kernels_sampling.cuh), and only the ids come back.
 #include <cstdint>
 #include <cstring>
@@ -14,16 +14,17 @@ namespace ninfer::cuda {
 namespace {
 
 // Byte offsets of the packed batch: rows, penalty tokens, penalty counts, suppressed ids,
-// then the ids the kernel writes.
+// grammar bitmasks, then the ids the kernel writes.
 struct SamplingLayout {
-  size_t rows = 0, penalty_tokens = 0, penalty_counts = 0, suppressed = 0, ids = 0, end = 0;
+  size_t rows = 0, penalty_tokens = 0, penalty_counts = 0, suppressed = 0, bitmask = 0, ids = 0, end = 0;
 
   explicit SamplingLayout(const SamplingBatch& b) {
     const auto next = [](size_t at, size_t bytes) { return (at + bytes + 15) / 16 * 16; };
     penalty_tokens = next(rows, b.rows.size() * sizeof(RowSampling));
     penalty_counts = next(penalty_tokens, b.penalty_tokens.size() * sizeof(int32_t));
     suppressed = next(penalty_counts, b.penalty_counts.size() * sizeof(int32_t));
-    ids = next(suppressed, b.suppressed.size() * sizeof(int32_t));
+    bitmask = next(suppressed, b.suppressed.size() * sizeof(int32_t));
+    ids = next(bitmask, b.bitmask.size() * sizeof(uint32_t));
     end = next(ids, b.rows.size() * sizeof(int32_t));
   }
 };
@@ -50,6 +51,7 @@ void CudaBackend::sample_rows(float* logits, int64_t vocab, const SamplingBatch&
   put(host, layout.penalty_tokens, batch.penalty_tokens);
   put(host, layout.penalty_counts, batch.penalty_counts);
   put(host, layout.suppressed, batch.suppressed);
+  put(host, layout.bitmask, batch.bitmask);
   NINFER_CUDA_CHECK(cudaMemcpyAsync(device, host, layout.ids, cudaMemcpyHostToDevice, stream_));
 
   SampleRowsArgs args;
@@ -59,6 +61,8 @@ void CudaBackend::sample_rows(float* logits, int64_t vocab, const SamplingBatch&
   args.penalty_tokens = reinterpret_cast<const int32_t*>(device + layout.penalty_tokens);
   args.penalty_counts = reinterpret_cast<const int32_t*>(device + layout.penalty_counts);
   args.suppressed = reinterpret_cast<const int32_t*>(device + layout.suppressed);
+  args.bitmask = reinterpret_cast<const uint32_t*>(device + layout.bitmask);
+  args.bitmask_words = batch.bitmask_words;
   args.ids = reinterpret_cast<int32_t*>(device + layout.ids);
   launch_sample_rows(args, rows, sample_cluster_blocks_ > 0 ? sample_cluster_blocks_ : sample_cluster_blocks(vocab),
                      stream_);

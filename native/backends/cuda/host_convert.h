@@ -46,7 +46,7 @@ inline void row_to_f32(DType dtype, const void* src, int64_t cols, float* dst) {
       }
       return;
     }
-    case DType::I32: break;
+    case DType::I32: case DType::FP8: case DType::NVFP4: break;
   }
   throw std::runtime_error("cannot convert a " + std::string(dtype_name(dtype)) + " row to f32");
 }

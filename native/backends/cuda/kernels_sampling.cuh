@@ -340,6 +340,13 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(SampleRowsA
     const int32_t token = args.suppressed[p.suppressed_begin + j];
     if (token >= slice.lo && token < slice.hi) row[token] = -INFINITY;
   }
+  // The grammar mask: tokens without their bit (and ids past the mask) can never be chosen.
+  if (p.mask_begin >= 0) {
+    const uint32_t* mask = args.bitmask + p.mask_begin;
+    const int64_t covered = static_cast<int64_t>(args.bitmask_words) * 32;
+    for (int64_t i = slice.lo + tid; i < slice.hi; i += blockDim.x)
+      if (i >= covered || !((mask[i >> 5] >> (i & 31)) & 1u)) row[i] = -INFINITY;
+  }
   __syncthreads();
 
   // The best logit (lowest id among equals) and any NaN: thread, warp, block, cluster.

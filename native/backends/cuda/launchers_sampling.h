@@ -17,6 +17,8 @@ struct SampleRowsArgs {
   const int32_t* penalty_tokens = nullptr;  // distinct tokens within a row
   const int32_t* penalty_counts = nullptr;
   const int32_t* suppressed = nullptr;
+  const uint32_t* bitmask = nullptr;  // RowSampling::mask_begin indexes it, bitmask_words each
+  int32_t bitmask_words = 0;
   int32_t* ids = nullptr;  // [rows]: the chosen token, or kSampledNaN / kSampledNothing
 };
 

@@ -24,7 +24,9 @@ Q8_0_BLOCK_BYTES = 34
 _PREAMBLE = struct.Struct("<8sIIQII")
 assert _PREAMBLE.size == PREAMBLE_SIZE
 
-DTYPES = ("f32", "f16", "bf16", "q8_0", "i32")
+DTYPES = ("f32", "f16", "bf16", "q8_0", "i32", "fp8", "nvfp4")
+FP8_BLOCK = 128  # fp8: e4m3 codes with one f32 scale per 128×128 block of each matrix
+NVFP4_GROUP = 16  # nvfp4: e2m1 codes, an e4m3 scale per 16 values and an f32 scale per row
 _ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
 
 
@@ -34,6 +36,42 @@ class ArtifactFormatError(ValueError):
 
 def align_up(value: int, alignment: int = ALIGNMENT) -> int:
     return (value + alignment - 1) // alignment * alignment
+
+
+def quantized_layout(dtype: str, shape: tuple[int, ...] | list[int]) -> dict[str, int]:
+    """Byte offsets of the parts of an fp8 or nvfp4 tensor (docs/artifact-format.md).
+
+    The last axis is K, the one before it the rows of one matrix ("group": a stacked
+    [E, N, K] tensor has E groups of N rows); fp8 block scales restart at each group.
+    """
+    if len(shape) < 2:
+        raise ValueError(f"{dtype} needs a matrix, got shape {list(shape)}")
+    rows = 1
+    for d in shape[:-1]:
+        rows *= int(d)
+    cols, group_rows = int(shape[-1]), int(shape[-2])
+    if dtype == "fp8":
+        if cols % 16:
+            raise ValueError(f"fp8 needs a last dimension divisible by 16, got {cols}")
+        groups = rows // group_rows if group_rows else 0
+        row_blocks = -(-group_rows // FP8_BLOCK)
+        col_blocks = -(-cols // FP8_BLOCK)
+        scale_offset = align_up(rows * cols, 16)
+        scale_count = groups * row_blocks * col_blocks
+        return {"rows": rows, "cols": cols, "group_rows": group_rows, "codes": rows * cols,
+                "scale_offset": scale_offset, "scale_count": scale_count,
+                "row_blocks": row_blocks, "col_blocks": col_blocks,
+                "nbytes": scale_offset + 4 * scale_count}
+    if dtype == "nvfp4":
+        if cols % 32:
+            raise ValueError(f"nvfp4 needs a last dimension divisible by 32, got {cols}")
+        codes = rows * cols // 2
+        scale_offset = codes
+        scale2_offset = align_up(codes + rows * cols // NVFP4_GROUP, 16)
+        return {"rows": rows, "cols": cols, "group_rows": group_rows, "codes": codes,
+                "scale_offset": scale_offset, "scale2_offset": scale2_offset,
+                "nbytes": scale2_offset + 4 * rows}
+    raise ValueError(f"{dtype} is not a block-quantized dtype")
 
 
 def tensor_nbytes(dtype: str, shape: tuple[int, ...] | list[int]) -> int:
@@ -48,6 +86,8 @@ def tensor_nbytes(dtype: str, shape: tuple[int, ...] | list[int]) -> int:
     for d in shape[:-1]:
         rows *= int(d)
     cols = int(shape[-1])
+    if dtype in ("fp8", "nvfp4"):
+        return quantized_layout(dtype, shape)["nbytes"]
     if dtype == "q8_0":
         if cols % Q8_0_BLOCK:
             raise ValueError(f"q8_0 needs a last dimension divisible by {Q8_0_BLOCK}, got {cols}")

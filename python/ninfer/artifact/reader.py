@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.artifact.block_quant import dequantize_fp8, dequantize_nvfp4
 from ninfer.artifact.layout import (
     ALIGNMENT,
     FORMAT_VERSION,
@@ -70,8 +71,11 @@ class ArtifactHeader:
 
     def tensor(self, name: str) -> np.ndarray:
         """Read-only map in the stored encoding: f32/f16/i32 as such, bf16 as uint16 bits,
-        q8_0 as uint8 blocks of shape [..., cols / 32 * 34]."""
+        q8_0 as uint8 blocks of shape [..., cols / 32 * 34], fp8 and nvfp4 as their flat
+        bytes (codes, then scales)."""
         entry = self.tensors[name]
+        if entry["dtype"] in ("fp8", "nvfp4"):
+            return self.tensor_bytes(name)
         shape = list(entry["shape"])
         if entry["dtype"] == "q8_0":
             shape[-1] = shape[-1] // 32 * 34
@@ -85,6 +89,10 @@ class ArtifactHeader:
             return bf16_bits_to_f32(stored)
         if entry["dtype"] == "q8_0":
             return dequantize_q8_0(stored, entry["shape"])
+        if entry["dtype"] == "fp8":
+            return dequantize_fp8(stored, entry["shape"])
+        if entry["dtype"] == "nvfp4":
+            return dequantize_nvfp4(stored, entry["shape"])
         return np.array(stored, dtype=np.float32)
 
 

@@ -19,9 +19,12 @@ import numpy as np
 from ninfer.artifact.layout import (
     DTYPES,
     FORMAT_VERSION,
+    FP8_BLOCK,
+    NVFP4_GROUP,
     align_up,
     data_offset,
     pack_preamble,
+    quantized_layout,
     tensor_nbytes,
 )
 
@@ -31,6 +34,8 @@ _NUMPY_DTYPES = {
     "bf16": np.dtype("<u2"),  # bit patterns
     "q8_0": np.dtype("u1"),  # raw blocks
     "i32": np.dtype("<i4"),
+    "fp8": np.dtype("u1"),  # codes then scales (layout.quantized_layout)
+    "nvfp4": np.dtype("u1"),
 }
 
 
@@ -46,7 +51,17 @@ class TensorSpec:
 
     @property
     def quant(self) -> dict[str, Any] | None:
-        return {"scheme": "q8_0", "block": 32} if self.dtype == "q8_0" else None
+        if self.dtype == "q8_0":
+            return {"scheme": "q8_0", "block": 32}
+        if self.dtype in ("fp8", "nvfp4"):
+            layout = quantized_layout(self.dtype, self.shape)
+            if self.dtype == "fp8":
+                return {"scheme": "fp8_block", "block": [FP8_BLOCK, FP8_BLOCK],
+                        "scale_dtype": "f32", "scale_offset": layout["scale_offset"]}
+            return {"scheme": "nvfp4", "group": NVFP4_GROUP, "scale_dtype": "e4m3",
+                    "scale_offset": layout["scale_offset"], "scale2_dtype": "f32",
+                    "scale2_offset": layout["scale2_offset"]}
+        return None
 
 
 class ArtifactWriter:
@@ -162,6 +177,9 @@ class ArtifactWriter:
         if self._progress.get(name, 0) + buffer.nbytes > spec.nbytes:
             raise ValueError(f"tensor {name!r}: more than its {spec.nbytes} bytes written")
         self._append(name, buffer)
+
+    def bytes_written(self, name: str) -> int:
+        return self._progress.get(name, 0)
 
     def _buffer(self, name: str, data: np.ndarray | bytes | memoryview) -> memoryview:
         if self._file is None:

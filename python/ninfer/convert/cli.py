@@ -9,6 +9,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ninfer.convert.tensors import TARGET_DTYPES
 
@@ -26,8 +27,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="matrix storage: keep the source's (default; GGUF k-quants become "
                         "q8_0), f32, bf16 or q8_0. Norms and biases are always f32.")
     parser.add_argument("--name", help="model name stored in the metadata (the served model id)")
-    parser.add_argument("--random", metavar="CONFIG.json",
-                        help="write seeded random weights for this HF config.json instead")
+    parser.add_argument("--random", metavar="CONFIG",
+                        help="write seeded random weights for this HF config.json, or for a "
+                        "named preset (qwen3.6-27b, qwen3.6-35b-a3b), instead")
+    parser.add_argument("--header-only", action="store_true",
+                        help="with --random: write the header, tokenizer and template only, "
+                        "for `ninfer-serve --load-format dummy`")
     parser.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
     parser.add_argument("--tokenizer", metavar="TOKENIZER.json",
                         help="tokenizer for --random, or 'synthetic' for a small generated "
@@ -48,12 +53,25 @@ def _tokenizer_argument(value: str | None) -> str | Path | None:
     return Path(value)
 
 
+def _random_config(value: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """--random's config.json dict and, for a preset, the release's generation config."""
+    from ninfer.convert.qwen3_5_presets import (
+        QWEN3_6_GENERATION_CONFIG,
+        preset_names,
+        qwen3_5_preset,
+    )
+
+    if value.lower() in preset_names() and not Path(value).exists():
+        return qwen3_5_preset(value), dict(QWEN3_6_GENERATION_CONFIG)
+    return json.loads(Path(value).read_text(encoding="utf-8")), None
+
+
 def _print_plan(args: argparse.Namespace) -> None:
     """--dry-run: the tensor table's summary, from config/headers only."""
     if args.random is not None:
         from ninfer.convert.random import plan_random_artifact
 
-        config = json.loads(Path(args.random).read_text(encoding="utf-8"))
+        config, _ = _random_config(args.random)
         plan = plan_random_artifact(config, dtype=args.dtype or "bf16")
         architecture, tensors = plan.architecture, plan.tensors
         notes: list[str] = []
@@ -84,6 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("SOURCE and --random exclude each other")
     if args.random is None and args.tokenizer is not None:
         parser.error("--tokenizer only applies to --random")
+    if args.random is None and args.header_only:
+        parser.error("--header-only only applies to --random")
+    if args.header_only and args.dtype is not None:
+        parser.error("--header-only stores no weights, so --dtype does not apply (the "
+                     "engine's dummy weights are bf16)")
     if args.output is None and not args.dry_run:
         parser.error("give -o OUT.ninfer (or --dry-run)")
     if not args.quiet:
@@ -95,11 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.random is not None:
             from ninfer.convert.random import make_random_artifact
 
-            config = json.loads(Path(args.random).read_text(encoding="utf-8"))
+            config, generation = _random_config(args.random)
             out = make_random_artifact(
                 config, args.output, seed=args.seed, dtype=args.dtype or "bf16",
                 tokenizer=_tokenizer_argument(args.tokenizer), name=args.name,
-                progress=not args.quiet,
+                generation=generation, header_only=args.header_only, progress=not args.quiet,
             )
         else:
             from ninfer.convert import convert_source

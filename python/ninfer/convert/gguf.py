@@ -227,6 +227,9 @@ def _float32(value: Any) -> float:
 def _target_dtype(qtype: GGMLQuantizationType, shape: tuple[int, ...], requested: str) -> str:
     if requested not in TARGET_DTYPES:
         raise ValueError(f"unknown --dtype {requested!r}; choose one of {', '.join(TARGET_DTYPES)}")
+    if requested in ("fp8", "nvfp4"):
+        raise ValueError(f"--dtype {requested} converts safetensors checkpoints and random "
+                         "artifacts; a GGUF source takes keep, f32, bf16 or q8_0")
     if len(shape) < 2:
         return "f32"
     if requested in ("f32", "bf16"):

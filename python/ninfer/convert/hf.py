@@ -22,6 +22,7 @@ from ninfer.convert.model_config import (
     normalize_config,
 )
 from ninfer.convert.progress import progress_bar
+from ninfer.convert.quantized_checkpoint import QuantizedStored, attach_quantized
 from ninfer.convert.qwen3_5_config import (
     hybrid_architecture_of,
     normalize_qwen3_5_config,
@@ -35,7 +36,10 @@ from ninfer.convert.qwen3_5_tensors import (
     plan_qwen3_5_tensors,
 )
 from ninfer.convert.safetensors_folder import CheckpointError, StoredTensor, read_checkpoint
-from ninfer.convert.tensors import stored_dtype, write_encoded
+from ninfer.convert.tensor_encoder import TensorEncoder
+from ninfer.convert.tensors import stored_dtype
+
+CheckpointTensor = StoredTensor | QuantizedStored
 
 log = logging.getLogger("ninfer.convert")
 
@@ -67,7 +71,7 @@ def chat_template_of(folder: Path, tokenizer_config: dict[str, Any]) -> str | No
 @dataclass(frozen=True)
 class PlannedTensor:
     source: Source  # checkpoint tensor(s) it is made of
-    source_dtype: str  # f32 | f16 | bf16: the encoding `keep` preserves
+    source_dtype: str  # f32 | f16 | bf16 | fp8 | nvfp4: the encoding `keep` preserves
     dtype: str  # stored dtype in the artifact
     shape: tuple[int, ...]
 
@@ -78,18 +82,22 @@ class ConversionPlan:
     config: dict[str, Any]  # normalized header config
     hf_config: dict[str, Any]  # config.json as read
     tensors: dict[str, PlannedTensor]  # artifact name → plan, in artifact order
-    stored: dict[str, StoredTensor]  # checkpoint tensor table
+    stored: dict[str, CheckpointTensor]  # checkpoint tensor table (quantized weights folded)
     notes: list[str]  # facts worth telling the user (skipped tensors, adjusted fields)
 
 
-def _source_dtype(source: Source, stored: dict[str, StoredTensor]) -> str:
+def _source_dtype(source: Source, stored: dict[str, CheckpointTensor]) -> str:
     names = [source.name] if isinstance(source, Direct) else [n for e in source.parts for n in e]
     dtypes = {stored[n].dtype for n in names}
-    return dtypes.pop() if len(dtypes) == 1 else "f32"  # mixed parts: widen, never round
+    if len(dtypes) == 1:
+        return dtypes.pop()
+    if dtypes <= {"fp8", "bf16", "f16", "f32"} and "fp8" in dtypes:
+        return "fp8"  # a stack of FP8 experts with a bf16 straggler: keep it FP8
+    return "f32"  # mixed parts: widen, never round
 
 
 def _plan_dense(folder: Path, architecture: str, hf_config: dict[str, Any],
-                stored: dict[str, StoredTensor]) -> tuple[dict[str, Any], dict[str, Source]]:
+                stored: dict[str, CheckpointTensor]) -> tuple[dict[str, Any], dict[str, Source]]:
     config = normalize_config(architecture, hf_config)
     shapes = expected_tensors(config)
     missing = [n for n in shapes if n not in stored]
@@ -112,7 +120,7 @@ def _plan_dense(folder: Path, architecture: str, hf_config: dict[str, Any],
 
 
 def _plan_hybrid(folder: Path, architecture: str, hf_config: dict[str, Any],
-                 stored: dict[str, StoredTensor],
+                 stored: dict[str, CheckpointTensor],
                  notes: list[str]) -> tuple[dict[str, Any], dict[str, Source]]:
     config = normalize_qwen3_5_config(architecture, hf_config)
     shapes = {n: t.shape for n, t in stored.items() if not n.endswith(_IGNORED_SUFFIXES)}
@@ -143,7 +151,7 @@ def plan_hf_conversion(folder: str | Path, *, dtype: str = "keep") -> Conversion
     if not config_path.exists():
         raise CheckpointError(f"{folder}: no config.json (not a Hugging Face model folder)")
     hf_config = _read_json(config_path)
-    stored = read_checkpoint(folder)
+    stored = attach_quantized(read_checkpoint(folder), hf_config)
     notes: list[str] = []
     hybrid = hybrid_architecture_of(hf_config)
     if hybrid is not None:
@@ -158,23 +166,28 @@ def plan_hf_conversion(folder: str | Path, *, dtype: str = "keep") -> Conversion
         source_dtype = _source_dtype(source, stored)
         shape = tuple(shapes[name])
         tensors[name] = PlannedTensor(source, source_dtype,
-                                      stored_dtype(shape, source_dtype, dtype), shape)
+                                      stored_dtype(shape, source_dtype, dtype, name), shape)
     return ConversionPlan(architecture, config, hf_config, tensors, stored, notes)
 
 
 def _write_tensor(writer: ArtifactWriter, name: str, planned: PlannedTensor,
-                  stored: dict[str, StoredTensor]) -> int:
+                  stored: dict[str, CheckpointTensor]) -> int:
     """Stream one planned tensor into the writer; returns the checkpoint bytes read."""
     source = planned.source
     parts = [[source.name]] if isinstance(source, Direct) else source.parts
     read = 0
     # A stack is written expert by expert, part by part: row blocks along the leading axes
     # are contiguous in the stacked layout, so no expert stack is ever held in memory.
+    encoder = TensorEncoder(writer, name, planned.dtype, planned.shape)
     for expert in parts:
         for part in expert:
             tensor = stored[part]
-            write_encoded(writer, name, tensor.array(), tensor.dtype, planned.dtype)
+            if isinstance(tensor, QuantizedStored):
+                encoder.add_quantized(tensor)
+            else:
+                encoder.add_array(tensor.array(), tensor.dtype)
             read += tensor.nbytes
+    encoder.finish()
     return read
 
 

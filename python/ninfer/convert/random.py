@@ -19,7 +19,7 @@ import numpy as np
 
 from ninfer.artifact import ArtifactWriter
 from ninfer.artifact.layout import tensor_nbytes
-from ninfer.convert.header_fields import metadata, tokenizer_section
+from ninfer.convert.header_fields import generation_defaults, metadata, tokenizer_section
 from ninfer.convert.model_config import architecture_of, expected_tensors, normalize_config
 from ninfer.convert.progress import progress_bar
 from ninfer.convert.qwen3_5_config import (
@@ -32,7 +32,8 @@ from ninfer.convert.synthetic_tokenizer import (
     synthetic_token_ids,
     synthetic_tokenizer_json,
 )
-from ninfer.convert.tensors import encode, row_ranges, stored_dtype
+from ninfer.convert.tensor_encoder import TensorEncoder
+from ninfer.convert.tensors import row_ranges, stored_dtype
 
 WEIGHT_STD = 0.02  # small enough that activations stay finite through many random layers
 # Qwen3.5 norm gains vary this much around their centre, so a parity test notices a gain
@@ -76,7 +77,7 @@ def plan_random_artifact(config: dict[str, Any], *, dtype: str = "bf16") -> Rand
         normalized = normalize_config(architecture, config)
         shapes = expected_tensors(normalized)
     requested = "bf16" if dtype == "keep" else dtype
-    tensors = {n: (stored_dtype(s, "f32", requested), tuple(s)) for n, s in shapes.items()}
+    tensors = {n: (stored_dtype(s, "f32", requested, n), tuple(s)) for n, s in shapes.items()}
     return RandomPlan(architecture, normalized, tensors)
 
 
@@ -172,6 +173,8 @@ def make_random_artifact(
     tokenizer: bytes | str | Path | None = None,
     chat_template: str | None = None,
     name: str | None = None,
+    generation: dict[str, Any] | None = None,
+    header_only: bool = False,
     progress: bool = False,
 ) -> Path:
     """Write a random-weight artifact for the HF-style `config` (a config.json dict).
@@ -179,7 +182,12 @@ def make_random_artifact(
     `tokenizer` is tokenizer.json content (bytes), a path to one, or "synthetic" for a small
     deterministic byte-level BPE with ChatML tokens. By default Qwen3.5/3.6 configs get the
     real Qwen3.5/3.6 tokenizer and NInfer's qwen3_5 chat template, other configs the
-    synthetic tokenizer and a ChatML template.
+    synthetic tokenizer and a ChatML template. `generation` is a generation_config.json dict
+    whose sampling defaults go into the header.
+
+    `header_only` writes the header, tokenizer and template with an empty tensor table: such
+    an artifact is served with weights the engine makes itself (`ninfer-serve
+    --load-format dummy`), so a 27B-shaped benchmark needs no 54 GB file.
     """
     plan = plan_random_artifact(config, dtype=dtype)
     hybrid = plan.architecture in ("qwen3_5", "qwen3_5_moe")
@@ -198,12 +206,14 @@ def make_random_artifact(
         output,
         architecture=plan.architecture,
         config=plan.config,
-        metadata=metadata(name or f"random-{plan.architecture}", f"random seed={seed}",
+        metadata=metadata(name or f"random-{plan.architecture}",
+                          "random, header only" if header_only else f"random seed={seed}",
                           created=None),
-        generation={},
+        generation=generation_defaults(generation or {}),
         tokenizer=tokenizer_fields,
     )
-    for tensor_name, (tensor_dtype, shape) in plan.tensors.items():
+    tensors = {} if header_only else plan.tensors
+    for tensor_name, (tensor_dtype, shape) in tensors.items():
         writer.declare(tensor_name, tensor_dtype, shape)
     writer.add_resource("tokenizer.json", tokenizer_json)
     writer.add_resource("chat_template.jinja", chat_template.encode())
@@ -211,13 +221,16 @@ def make_random_artifact(
     rows = _random_hybrid_rows if hybrid else _random_rows
     try:
         writer.begin()
-        with progress_bar(plan.parameters, "random weights", enabled=progress) as bar:
-            for tensor_name, (tensor_dtype, shape) in plan.tensors.items():
+        parameters = sum(math.prod(shape) for _, shape in tensors.values())
+        with progress_bar(parameters, "random weights", enabled=progress and parameters > 0) as bar:
+            for tensor_name, (tensor_dtype, shape) in tensors.items():
                 rng = _tensor_rng(seed, tensor_name)
+                encoder = TensorEncoder(writer, tensor_name, tensor_dtype, shape)
                 for start, stop in row_ranges(shape):  # fixed blocks: a fixed rng sequence
                     values = rows(rng, tensor_name, (stop - start, *shape[1:]))
-                    writer.write_part(tensor_name, encode(values, "f32", tensor_dtype))
+                    encoder.add_array(values, "f32")
                     bar.update(values.size)
+                encoder.finish()
         return writer.close()
     except BaseException:
         writer.abort()

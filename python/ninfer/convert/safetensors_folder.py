@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-_DTYPES = {"F32": ("f32", "<f4"), "F16": ("f16", "<f2"), "BF16": ("bf16", "<u2")}
+_DTYPES = {"F32": ("f32", "<f4"), "F16": ("f16", "<f2"), "BF16": ("bf16", "<u2"),
+           # quantized releases (convert/quantized_checkpoint.py): raw bytes
+           "F8_E4M3": ("f8_e4m3", "u1"), "U8": ("u8", "u1")}
 _NUMPY_DTYPES = dict(_DTYPES.values())
 
 
@@ -25,7 +27,7 @@ class CheckpointError(ValueError):
 @dataclass(frozen=True)
 class StoredTensor:
     file: Path
-    dtype: str  # f32 | f16 | bf16
+    dtype: str  # f32 | f16 | bf16 | f8_e4m3 | u8
     shape: tuple[int, ...]
     begin: int  # absolute byte offset in `file`
     nbytes: int
@@ -35,8 +37,12 @@ class StoredTensor:
         if self.nbytes == 0:
             return np.zeros(self.shape, dtype=numpy_dtype)
         return np.memmap(
-            self.file, dtype=numpy_dtype, mode="r", offset=self.begin, shape=self.shape
-        )
+            self.file, dtype=numpy_dtype, mode="r", offset=self.begin, shape=self.shape or (1,)
+        ).reshape(self.shape)
+
+    def raw(self) -> np.ndarray:
+        """The stored bytes as uint8 of the tensor's shape (for F8_E4M3 and U8 tensors)."""
+        return np.asarray(self.array()).view(np.uint8)
 
 
 def _read_file_table(path: Path) -> dict[str, StoredTensor]:
@@ -57,6 +63,9 @@ def _read_file_table(path: Path) -> dict[str, StoredTensor]:
     for name, entry in table.items():
         if name == "__metadata__":
             continue
+        if name.endswith(".weight_packed"):
+            raise CheckpointError(f"{path}: tensor {name!r}: compressed-tensors checkpoints are "
+                                  "not supported (use Qwen's FP8 or a ModelOpt NVFP4 release)")
         if entry["dtype"] not in _DTYPES:
             raise CheckpointError(
                 f"{path}: tensor {name!r} has dtype {entry['dtype']}; supported: "

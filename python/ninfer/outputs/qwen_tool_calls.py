@@ -28,7 +28,9 @@ recovers: complete calls followed by a suffix or a malformed later call (the tai
 discarded), a final call cut at the end of the text (its complete parameters and a cut value
 without an unmatched nested opener), repaired openers (`tool_call>` or `function=` with a
 dropped `<`, a missing `<tool_call>` before a later call, a function name ended by a line
-break instead of `>`), and undeclared tool names, which stay structured for the consumer.
+break instead of `>`, a `</function>` missing before `</tool_call>`), and undeclared tool
+names, which stay structured for the consumer. It applies only where the strict grammar
+fails, so a value that merely quotes closing tags is never cut short.
 
 Parsing a prefix (`final=False`) answers whether the region can still succeed: FAILED on a
 prefix is final for every extension, which lets streaming release dead regions early.
@@ -144,6 +146,10 @@ class _RegionParser:
         self.final = final
         self.tolerant = tolerant
         self.declared = declared
+        # What may end a call's parameter list: `</function>`, and in tolerant mode also the
+        # wrapper's `</tool_call>` when the model dropped the function closer (so neither
+        # closing tag is left inside the last value).
+        self._call_closers = (FUNCTION_CLOSE, TOOL_CALL_CLOSE) if tolerant else (FUNCTION_CLOSE,)
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -285,11 +291,16 @@ class _RegionParser:
                 pos += len(FUNCTION_CLOSE)
                 call.function_closed = True
                 break
+            if self.tolerant and text.startswith(TOOL_CALL_CLOSE, pos):
+                call.repaired = True  # the model dropped `</function>` before the wrapper
+                return call, pos + len(TOOL_CALL_CLOSE)
             opener = _PARAMETER_OPENER.match(text, pos)
             if opener is not None:
                 pos = self._parameter(call, opener.group(1), opener.end())
                 continue
-            if self._partial_markup(pos, FUNCTION_CLOSE) or self._partial_parameter_opener(pos):
+            if self._partial_markup(pos, *self._call_closers) or self._partial_parameter_opener(
+                pos
+            ):
                 self._ended(call)
             raise _Malformed("malformed_structure", call)
         pos = self._skip_ws(pos)
@@ -338,9 +349,11 @@ class _RegionParser:
             if self.final:
                 return True  # the end of the text follows
             raise _NeedMore
-        if text.startswith(FUNCTION_CLOSE, follow) or _PARAMETER_OPENER.match(text, follow):
+        if text.startswith(self._call_closers, follow) or _PARAMETER_OPENER.match(text, follow):
             return True
-        if self._partial_markup(follow, FUNCTION_CLOSE) or self._partial_parameter_opener(follow):
+        if self._partial_markup(follow, *self._call_closers) or self._partial_parameter_opener(
+            follow
+        ):
             if not self.final:
                 raise _NeedMore
             return True  # the text ends inside the next token: a cut after this value
@@ -369,6 +382,12 @@ def parse_region(
 
     `declared` is the set of tool names the request declared (None: any valid name).
     """
+    if tolerant and final:
+        # Tolerance only recovers what the strict grammar rejects: a value that quotes
+        # `</parameter>` + `</tool_call>` keeps its bytes whenever the whole region parses.
+        strict = _RegionParser(text, final=True, tolerant=False, declared=declared).parse(start)
+        if strict.status is RegionStatus.COMPLETE:
+            return strict
     return _RegionParser(text, final=final, tolerant=tolerant, declared=declared).parse(start)
 
 

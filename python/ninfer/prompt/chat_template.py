@@ -56,6 +56,17 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+# Names the template environment itself binds (globals, filters, tests: `range`, `namespace`,
+# `tojson`, `upper`, `equalto`, ...). A render variable of the same name would shadow a global
+# the template relies on, so request kwargs with these names are dropped, as vLLM drops them;
+# `raise_exception` is the one exception, and binds like any other kwarg (as in vLLM).
+_builtins = _environment()
+JINJA_BUILTIN_NAMES = frozenset(
+    {*_builtins.globals, *_builtins.filters, *_builtins.tests} - {"raise_exception"}
+)
+del _builtins
+
+
 class ChatTemplate:
     """A compiled chat template plus the special-token strings it may reference."""
 

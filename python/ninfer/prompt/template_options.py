@@ -6,8 +6,11 @@ are the same everywhere:
 
 * kwargs pass to the template; the server's own variables (messages, tools, the generation
   mode, the tokenizer's special tokens) cannot be overridden through them;
+* kwargs that repeat a request field of their own (`add_generation_prompt`,
+  `continue_final_message`) and kwargs named like a Jinja built-in (`range`, `tojson`, ...,
+  but not `raise_exception`) are dropped: the request field and the built-in win;
 * a typed field and the same-named kwarg must agree when both are set
-  (`conflicting_template_option`); null (and "auto"/"default" for the effort) means unset;
+  (`conflicting_template_option`); null and "auto" (and "default" for the effort) mean unset;
 * `reasoning_effort: "none"` means thinking off; any other effort conflicts with an explicit
   `enable_thinking: false`, and is replaced by the nearest value the template accepts;
 * request options override the server defaults (--no-thinking, --preserve-thinking);
@@ -20,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.prompt.chat_template import ChatTemplate, TemplateError
+from ninfer.prompt.chat_template import JINJA_BUILTIN_NAMES, ChatTemplate, TemplateError
 
 STANDARD_OPTIONS = ("enable_thinking", "preserve_thinking", "reasoning_effort")
 # Values the renderer itself supplies; a kwarg may not replace them.
@@ -28,8 +31,6 @@ RESERVED_KEYS = frozenset(
     {
         "messages",
         "tools",
-        "add_generation_prompt",
-        "continue_final_message",
         "chat_template",
         "tokenize",
         "bos_token",
@@ -40,6 +41,8 @@ RESERVED_KEYS = frozenset(
     }
 )
 # Ordered from least to most effort; "none" is thinking off and handled separately.
+# Request fields of their own; the field always wins, so the kwarg is ignored, not refused.
+FIELD_OWNED_KEYS = frozenset({"add_generation_prompt", "continue_final_message"})
 EFFORT_LEVELS = ("minimal", "low", "medium", "high", "xhigh", "max")
 _UNSET_EFFORTS = ("auto", "default")
 
@@ -113,7 +116,14 @@ def resolve_template_options(
     server_defaults: Mapping[str, Any],
     ladder: EffortLadder,
 ) -> ResolvedOptions:
-    kwargs = dict(options.kwargs or {})
+    kwargs = {
+        key: value
+        for key, value in (options.kwargs or {}).items()
+        if key not in FIELD_OWNED_KEYS and key not in JINJA_BUILTIN_NAMES
+    }
+    for name in ("enable_thinking", "preserve_thinking"):
+        if kwargs.get(name) == "auto":
+            kwargs[name] = None  # "auto" is unset, like null
     where = options.kwargs_field
     for key in kwargs:
         if key in RESERVED_KEYS:

@@ -11,10 +11,15 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ninfer.server.errors import unsupported
+
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+# Every integer field is bounded: JSON allows any magnitude, msgspec decodes it exactly, and
+# an unbounded value (2**70 max_tokens) would otherwise be clamped silently somewhere below.
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 UnitFloat = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
@@ -39,13 +44,14 @@ class GenerationFields(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: int | None = None
+    n: Int64 | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM extensions
     ignore_eos: bool | None = None
     min_tokens: NonNegativeInt | None = None
     stop_token_ids: list[NonNegativeInt] | None = None
     return_token_ids: bool | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # accepted only when it asks nothing
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampler options as given (None = unset), for SamplingPolicy.resolve."""
@@ -57,3 +63,15 @@ class GenerationFields(msgspec.Struct, kw_only=True):
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
         }
+
+
+def check_mm_processor_kwargs(kwargs: dict[str, Any] | None) -> None:
+    """vLLM's multimodal processor options: commonly sent empty or all-null, and then accepted;
+    a value that would change preprocessing is refused rather than silently ignored."""
+    for key, value in (kwargs or {}).items():
+        if value is not None:
+            raise unsupported(
+                f"mm_processor_kwargs.{key}",
+                "multimodal processor options are not applied by this server "
+                "(only an empty object or null values are accepted)",
+            )

@@ -47,10 +47,17 @@ class ServedModel:
     tolerant_tool_calls: bool = False
     default_thinking_budget: int | None = None  # --default-thinking-budget
     thinking_close: ThinkingClose | None = None  # what a reached cap commits
+    max_output_tokens: int | None = None  # --max-output-tokens: every request's output ceiling
 
     @property
     def max_context(self) -> int:
         return int(self.engine.max_context)
+
+    def cap_output(self, tokens: int) -> int:
+        """A request's output budget under the process-wide ceiling (`length` when it binds)."""
+        if self.max_output_tokens is None:
+            return tokens
+        return min(tokens, self.max_output_tokens)
 
 
 def public_model_id(header: dict, override: str | None) -> str:
@@ -80,6 +87,7 @@ def load_served_model(
     tolerant_tool_calls: bool = False,
     default_thinking_budget: int | None = None,
     thinking_budget_message: str | None = None,
+    max_output_tokens: int | None = None,
 ) -> ServedModel:
     header = engine.header
     source = chat_template if chat_template is not None else engine.chat_template()
@@ -117,4 +125,5 @@ def load_served_model(
         tolerant_tool_calls=tolerant_tool_calls,
         default_thinking_budget=default_thinking_budget,
         thinking_close=ThinkingClose.build(engine.tokenizer, thinking_budget_message),
+        max_output_tokens=max_output_tokens,
     )

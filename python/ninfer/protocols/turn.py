@@ -87,6 +87,7 @@ class TurnDecoder:
         self._prompt_tokens = prompt_tokens
         self.token_ids: list[int] = []
         self.clock = TurnClock()
+        self.cached_tokens = 0  # the prefix cache's reuse, once the request is admitted
 
     @property
     def reasoning_complete(self) -> bool:
@@ -112,6 +113,7 @@ class TurnDecoder:
             prompt_tokens=event.prompt_tokens or self._prompt_tokens,
             completion_tokens=completion,
             reasoning_tokens=min(tail.reasoning_tokens, completion),
+            cached_tokens=event.cached_tokens or self.cached_tokens,
         )
         result = TurnResult(
             reasoning=self._decoder.reasoning,

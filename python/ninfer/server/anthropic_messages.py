@@ -29,12 +29,14 @@ from ninfer.protocols.turn import TurnDecoder, TurnResult, TurnUsage
 from ninfer.server.anthropic_errors import anthropic_error
 from ninfer.server.config import AppConfig
 from ninfer.server.disconnect import DisconnectWatcher
-from ninfer.server.errors import ApiError, from_decode_error, from_engine_error
+from ninfer.server.errors import ApiError, from_decode_error
 from ninfer.server.generation import (
+    log_turn_done,
     no_final_event,
     raise_if_failed,
     report_turn,
     run_generation,
+    stream_failure,
     wait_for_lane,
 )
 from ninfer.server.http import HttpRequest
@@ -104,7 +106,16 @@ async def messages(
     final, disconnected = await run_generation(
         request, served, inflight, lowered.generation, respond
     )
-    _log_done(request, lowered, results[0] if results else None, final, disconnected, started)
+    log_turn_done(
+        request,
+        "messages",
+        results[0] if results else None,
+        final,
+        disconnected,
+        started,
+        lowered.stream,
+        _budget_detail(lowered),
+    )
 
 
 async def _aggregate(
@@ -179,42 +190,14 @@ async def _stream(
 async def _fail_stream(
     request: HttpRequest, sse: SseStream, exc: Exception, watcher: DisconnectWatcher
 ) -> None:
-    if watcher.disconnected.is_set():
-        return
-    error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
+    error = stream_failure(request, exc, watcher)
     if error is None:
-        log.exception("%s: stream failed", request.request_id)
-        error = ApiError(500, "internal error while streaming", code="internal_error")
+        return
     _, body = anthropic_error(error, request.request_id)
     await sse.named_event("error", body)
     await sse.close()
 
 
-def _log_done(
-    request: HttpRequest,
-    lowered: LoweredMessages,
-    result: TurnResult | None,
-    final: EngineEvent | None,
-    disconnected: bool,
-    started: float,
-) -> None:
-    elapsed_ms = (time.perf_counter() - started) * 1000.0
-    if final is None or result is None or disconnected:
-        outcome = "client disconnected" if disconnected else "failed"
-        log.debug("%s messages %s after %.0f ms", request.request_id, outcome, elapsed_ms)
-        return
-    report = result.report.as_dict() if result.report is not None else None
-    log.debug(  # the request's info record is the telemetry's req#N line
-        "%s messages done: prompt %d, completion %d (thinking %d), finish %s, tool calls %d, "
-        "thinking budget %s, %s, %.0f ms%s",
-        request.request_id,
-        result.usage.prompt_tokens,
-        result.usage.completion_tokens,
-        result.usage.reasoning_tokens,
-        result.finish_reason,
-        len(result.tool_calls),
-        lowered.generation.thinking_budget.limit if lowered.generation.thinking_budget else "-",
-        "stream" if lowered.stream else "aggregate",
-        elapsed_ms,
-        f", tool_call_parse {report}" if report else "",
-    )
+def _budget_detail(lowered: LoweredMessages) -> str:
+    budget = lowered.generation.thinking_budget
+    return f"thinking budget {budget.limit if budget else '-'}"

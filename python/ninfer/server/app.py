@@ -10,17 +10,27 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer.protocols.openai_responses.store import ResponseStore
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.anthropic_errors import anthropic_error, is_anthropic_path
 from ninfer.server.anthropic_messages import TokenCountGate, count_tokens, messages
 from ninfer.server.chat_completions import chat_completions
 from ninfer.server.completions import completions
 from ninfer.server.config import AppConfig
-from ninfer.server.errors import ApiError, from_engine_error
+from ninfer.server.errors import ApiError, from_unhandled
 from ninfer.server.http import ClientDisconnected, HttpRequest, Receive, Send
 from ninfer.server.inflight import InflightRequests
 from ninfer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ninfer.server.metrics import ServerMetrics
+from ninfer.server.responses import (
+    cancel_response,
+    compact_response,
+    count_input_tokens,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from ninfer.server.telemetry import Telemetry
 from ninfer.server.tokenize import detokenize, tokenize, version
 
@@ -33,17 +43,21 @@ Handler = Callable[["NInferApp", HttpRequest, dict[str, str]], Awaitable[None]]
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
-    path: str  # a trailing "{name}" captures the rest of the path (model ids contain "/")
+    path: str  # "{name}" captures one segment; a trailing one the rest (model ids contain "/")
     handler: Handler
     public: bool = False  # reachable without the API key, and not under /v1/v1
 
     def match(self, path: str) -> dict[str, str] | None:
         if "{" not in self.path:
             return {} if path == self.path else None
-        prefix, _, name = self.path.partition("{")
-        if path.startswith(prefix) and len(path) > len(prefix):
-            return {name.rstrip("}"): path[len(prefix) :]}
-        return None
+        prefix, _, rest = self.path.partition("{")
+        name, _, suffix = rest.partition("}")
+        if not (path.startswith(prefix) and path.endswith(suffix)):
+            return None
+        value = path[len(prefix) : len(path) - len(suffix)]
+        if not value or (suffix and "/" in value):
+            return None
+        return {name: value}
 
 
 async def _health(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
@@ -96,6 +110,34 @@ async def _count_tokens(app: NInferApp, request: HttpRequest, params: dict[str, 
     await count_tokens(request, app.served, app.config, app.token_counts)
 
 
+async def _create_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await create_response(request, app.served, app.config, app.inflight, app.response_store)
+
+
+async def _count_input_tokens(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await count_input_tokens(request, app.served, app.config, app.response_store)
+
+
+async def _compact_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await compact_response(request, app.config)
+
+
+async def _retrieve_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await retrieve_response(request, app.response_store, params["response_id"])
+
+
+async def _delete_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await delete_response(request, app.response_store, params["response_id"])
+
+
+async def _list_input_items(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await list_input_items(request, app.response_store, params["response_id"])
+
+
+async def _cancel_response(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
+    await cancel_response(request, app.response_store, params["response_id"])
+
+
 async def _tokenize(app: NInferApp, request: HttpRequest, params: dict[str, str]) -> None:
     await tokenize(request, app.served, app.config)
 
@@ -117,6 +159,13 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/completions", _completions),
     Route("POST", "/v1/messages", _messages),
     Route("POST", "/v1/messages/count_tokens", _count_tokens),
+    Route("POST", "/v1/responses", _create_response),
+    Route("POST", "/v1/responses/input_tokens", _count_input_tokens),
+    Route("POST", "/v1/responses/compact", _compact_response),
+    Route("GET", "/v1/responses/{response_id}/input_items", _list_input_items),
+    Route("POST", "/v1/responses/{response_id}/cancel", _cancel_response),
+    Route("GET", "/v1/responses/{response_id}", _retrieve_response),
+    Route("DELETE", "/v1/responses/{response_id}", _delete_response),
     Route("POST", "/tokenize", _tokenize),
     Route("POST", "/detokenize", _detokenize),
     Route("GET", "/version", _version),
@@ -143,6 +192,9 @@ class NInferApp:
             self.telemetry.metrics = self.metrics
         self.inflight = InflightRequests(self.telemetry)
         self.token_counts = TokenCountGate(config.token_count_capacity)
+        self.response_store = ResponseStore(
+            config.response_store_max_records, config.response_store_max_mib
+        )
         self.ready = False  # set once Granian listens and the lifespan startup ran
 
     def begin_shutdown(self) -> None:
@@ -168,6 +220,9 @@ class NInferApp:
             for key in ("n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size", "ftype")
         }
         meta["n_ctx"] = self.served.max_context
+        for key in ("kv_capacity", "prefix_reuse"):  # the resolved shared KV pool
+            if key in info:
+                meta[key] = info[key]
         return {
             "id": self.served.public_id,
             "object": "model",
@@ -279,7 +334,7 @@ class NInferApp:
         return headers
 
     async def _send_error(self, request: HttpRequest, exc: Exception) -> None:
-        error = exc if isinstance(exc, ApiError) else from_engine_error(exc)
+        error = exc if isinstance(exc, ApiError) else from_unhandled(exc)
         if error is None:
             log.exception("%s %s %s failed", request.request_id, request.method, request.path)
             error = ApiError(500, "internal server error", code="internal_error")

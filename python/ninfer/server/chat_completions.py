@@ -11,6 +11,7 @@ import msgspec
 
 from ninfer.engine_types import EngineEvent
 from ninfer.outputs.channels import ChannelDelta
+from ninfer.protocols.constraints import compile_constraint, observation, observed_branch
 from ninfer.protocols.openai_chat import render
 from ninfer.protocols.openai_chat.lowering import LoweredChat, lower_chat_request
 from ninfer.protocols.openai_chat.protocol import decode_request
@@ -22,6 +23,7 @@ from ninfer.server.disconnect import DisconnectWatcher
 from ninfer.server.errors import from_decode_error
 from ninfer.server.generation import (
     fail_stream,
+    log_turn_done,
     no_final_event,
     raise_if_failed,
     report_turn,
@@ -46,6 +48,10 @@ async def chat_completions(
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from None
     lowered = lower_chat_request(parsed, served)
+    if lowered.constraint is not None:
+        lowered.generation.constraint = await compile_constraint(served.engine, lowered.constraint)
+        if lowered.generation.constraint is None:  # optional and not enforceable here
+            lowered.constraint = None
     started = time.perf_counter()
     renderer = ChatRenderer(served.public_id)
     results: list[TurnResult] = []
@@ -63,7 +69,16 @@ async def chat_completions(
     final, disconnected = await run_generation(
         request, served, inflight, lowered.generation, respond, shape=shape
     )
-    _log_done(request, lowered, results[0] if results else None, final, disconnected, started)
+    log_turn_done(
+        request,
+        "chat",
+        results[0] if results else None,
+        final,
+        disconnected,
+        started,
+        lowered.stream,
+        f"effort {lowered.prompt.options.requested_effort or '-'}",
+    )
 
 
 async def _aggregate(
@@ -86,12 +101,15 @@ async def _aggregate(
             results.append(result)
             report_turn(handle, result)
             timings = render.llama_timings(
-                result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+                result.timings,
+                result.usage.prompt_tokens,
+                result.usage.completion_tokens,
+                result.usage.cached_tokens,
             )
             prompt_ids = lowered.generation.prompt_ids if lowered.return_token_ids else None
-            await request.send_json(
-                200, renderer.aggregate(result, lowered.tools, timings, prompt_ids)
-            )
+            body = renderer.aggregate(result, lowered.tools, timings, prompt_ids)
+            _observe_constraint(body, lowered, result)
+            await request.send_json(200, body)
             return event
     raise no_final_event()
 
@@ -111,18 +129,24 @@ async def _stream(
     try:
         await wait_for_lane_streaming(handle, watcher, sse, config.keep_alive_s)
         turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)  # its clock starts now
+        turn.cached_tokens = getattr(handle, "cached_tokens", 0)
         first = renderer.role_chunk()
         if lowered.return_token_ids:
             first["prompt_token_ids"] = lowered.generation.prompt_ids
         await sse.event(first)
         if lowered.return_progress:
-            await sse.event(renderer.progress_chunk(_progress(total, 0, turn)))
+            await sse.event(renderer.progress_chunk(_progress(total, turn.cached_tokens, turn)))
         prompt_done = False
         events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
         async with contextlib.aclosing(events):
             async for event in events:
                 if watcher.disconnected.is_set():
                     return event
+                if event.prompt_processed is not None:  # a committed prefill chunk
+                    if lowered.return_progress and not prompt_done:
+                        processed = max(turn.cached_tokens, min(event.prompt_processed, total))
+                        await sse.event(renderer.progress_chunk(_progress(total, processed, turn)))
+                    continue
                 delta = turn.feed(event)
                 if (
                     lowered.return_progress
@@ -149,8 +173,15 @@ async def _stream(
 
 
 def _progress(total: int, processed: int, turn: TurnDecoder) -> dict[str, Any]:
+    """One prompt_progress observation: `processed` counts the reused prefix, so the first
+    event has processed == cache and the last processed == total."""
     elapsed = (time.perf_counter() - turn.clock.admitted) * 1000.0
-    return {"total": total, "cache": 0, "processed": processed, "time_ms": round(elapsed)}
+    return {
+        "total": total,
+        "cache": turn.cached_tokens,
+        "processed": processed,
+        "time_ms": round(elapsed),
+    }
 
 
 async def _send_delta(
@@ -168,7 +199,10 @@ async def _send_delta(
     for chunk in chunks:
         if lowered.timings_per_token:
             chunk["timings"] = render.llama_timings(
-                turn.clock.snapshot(), lowered.prompt_tokens, turn.clock.committed
+                turn.clock.snapshot(),
+                lowered.prompt_tokens,
+                turn.clock.committed,
+                turn.cached_tokens,
             )
         await sse.event(chunk)
 
@@ -185,7 +219,10 @@ async def _send_stream_end(
             renderer.tool_calls_chunk(render.tool_calls(result.tool_calls, lowered.tools))
         )
     timings = render.llama_timings(
-        result.timings, result.usage.prompt_tokens, result.usage.completion_tokens
+        result.timings,
+        result.usage.prompt_tokens,
+        result.usage.completion_tokens,
+        result.usage.cached_tokens,
     )
     finish = renderer.finish_chunk(result.finish_reason)
     if lowered.return_token_ids:
@@ -196,35 +233,16 @@ async def _send_stream_end(
     else:
         last = finish
     last["timings"] = timings  # llama.cpp puts timings on the last JSON chunk
+    _observe_constraint(last, lowered, result)
     await sse.event(last)
     await sse.finish()
 
 
-def _log_done(
-    request: HttpRequest,
-    lowered: LoweredChat,
-    result: TurnResult | None,
-    final: EngineEvent | None,
-    disconnected: bool,
-    started: float,
-) -> None:
-    elapsed_ms = (time.perf_counter() - started) * 1000.0
-    if final is None or result is None or disconnected:
-        outcome = "client disconnected" if disconnected else "failed"
-        log.debug("%s chat %s after %.0f ms", request.request_id, outcome, elapsed_ms)
+def _observe_constraint(body: dict[str, Any], lowered: LoweredChat, result: TurnResult) -> None:
+    """The constraint observation, once per response (aggregate body or last chunk)."""
+    if lowered.constraint is None:
         return
-    report = result.report.as_dict() if result.report is not None else None
-    log.debug(  # the request's info record is the telemetry's req#N line
-        "%s chat done: prompt %d, completion %d (reasoning %d), finish %s, tool calls %d, "
-        "effort %s, %s, %.0f ms%s",
-        request.request_id,
-        result.usage.prompt_tokens,
-        result.usage.completion_tokens,
-        result.usage.reasoning_tokens,
-        result.finish_reason,
-        len(result.tool_calls),
-        lowered.prompt.options.requested_effort or "-",
-        "stream" if lowered.stream else "aggregate",
-        elapsed_ms,
-        f", tool_call_parse {report}" if report else "",
+    branch = observed_branch(
+        lowered.constraint, has_calls=bool(result.tool_calls), has_content=bool(result.content)
     )
+    body["constraint"] = observation(result.event.constraint, branch=branch)

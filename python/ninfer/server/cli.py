@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # for server_start, redacted
     configure_logging(args.log_level)
+    for option in args.no_op_options:
+        log.info("accepted `%s`: it asks for nothing this build lacks, so it has no effect", option)
     try:
         return _main(args)
     except KeyboardInterrupt:  # Ctrl+C before the server was ready: one press ends startup
@@ -105,6 +107,18 @@ def _read_template(path: str | None) -> str | None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    kv_capacity = getattr(args, "kv_capacity", None)
+    no_reuse = bool(getattr(args, "no_prefix_reuse", False))
+    if kv_capacity is None and no_reuse:
+        # Without reuse nothing is retained: every lane reaching the ceiling is the need.
+        kv_capacity = args.max_concurrency * args.max_context
+    headroom = getattr(args, "vram_headroom_mib", None)
+    optional = {
+        "snapshot_slots": getattr(args, "device_snapshot_slots", None),
+        "taps_per_request": getattr(args, "cache_taps_per_request", None),
+        "tap_ladder": getattr(args, "cache_tap_ladder", None),
+        "tap_min_gap": getattr(args, "cache_tap_min_gap", None),
+    }
     return EngineConfig(
         max_concurrency=args.max_concurrency,
         max_context=args.max_context,
@@ -112,8 +126,22 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_pending_requests=args.max_pending_requests,
         pending_timeout_ms=args.pending_timeout_ms,
         device=resolve_device(args.device),
+        kv_capacity=kv_capacity or 0,
+        vram_headroom_mib=1024 if headroom is None else headroom,
+        prefix_reuse=not no_reuse,
+        prefix_cache_file=getattr(args, "prefix_cache_file", None),
+        **{key: value for key, value in optional.items() if value is not None},
         **speculative_engine_fields(args),
+        cuda_graphs=not args.no_cuda_graph,
+        random_weights_seed=dummy_weights_seed(args),
     )
+
+
+def dummy_weights_seed(args: argparse.Namespace) -> int | None:
+    """The seed of `--load-format dummy` weights (`--seed`, else 0), None for real weights."""
+    if args.load_format != "dummy":
+        return None
+    return 0 if args.seed is None else args.seed
 
 
 def resolve_device(flag: str | None) -> str:
@@ -141,6 +169,11 @@ async def _run(
 
     config = engine_config(args)
     log.info("loading %s (device %s)", artifact, config.device)
+    if config.random_weights_seed is not None:
+        log.info(
+            "dummy weights: seeded random values (seed %d), not a trained model",
+            config.random_weights_seed,
+        )
     try:
         engine = AsyncEngine.open(str(artifact), config)
     except Exception as exc:  # a bad file or an unavailable device: say which, then exit
@@ -160,6 +193,7 @@ async def _run(
             tolerant_tool_calls=args.tolerant_tool_calls,
             default_thinking_budget=args.default_thinking_budget,
             thinking_budget_message=args.thinking_budget_message,
+            max_output_tokens=args.max_output_tokens,
         )
         await engine.warmup()
         telemetry = Telemetry(request_log=request_log)
@@ -172,6 +206,8 @@ async def _run(
                 cors=args.cors,
                 max_request_mib=args.max_request_mib,
                 usage_chunk_choice=args.usage_chunk_choice,
+                response_store_max_records=args.response_store_max_records,
+                response_store_max_mib=args.response_store_max_mib,
                 backend=config.device,
                 token_count_capacity=args.max_concurrency + args.max_pending_requests,
             ),
@@ -251,6 +287,23 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
         served.max_context,
         config.prefill_chunk,
     )
+    capacity = info.get("kv_capacity")
+    if isinstance(capacity, int):
+        log.info(
+            "KV pool: %d tokens (%s), prefix reuse %s",
+            capacity,
+            "--kv-capacity" if config.kv_capacity else "auto",
+            "on" if config.prefix_reuse else "off",
+        )
+        if capacity < config.max_context:
+            log.warning(
+                "the KV pool (%d tokens) is smaller than --max-context %d: requests are "
+                "limited to the pool",
+                capacity,
+                config.max_context,
+            )
+    if served.max_output_tokens is not None:
+        log.info("output ceiling: %d tokens per request", served.max_output_tokens)
     log.info(
         "ready: serving http://%s:%d/v1 (OpenAI base URL), http://%s:%d (Anthropic base URL)",
         args.host,

@@ -71,7 +71,7 @@ def _usage_and_timings(lowered: LoweredCompletion, event: EngineEvent) -> tuple[
     prompt = event.prompt_tokens or lowered.prompt_tokens
     return (
         completion_usage(prompt, event.completion_tokens),
-        llama_timings(event.timings, prompt, event.completion_tokens),
+        llama_timings(event.timings, prompt, event.completion_tokens, event.cached_tokens),
     )
 
 

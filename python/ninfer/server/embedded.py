@@ -15,11 +15,19 @@ from typing import Any
 
 from granian._granian import SocketHolder
 from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server.embed import Server
 
 from ninfer.server.listener import BACKLOG, open_listener
 from ninfer.server.stopping import StopSignals
+
+# About the largest request line plus headers Granian reads before answering 431 (the bound
+# is checked per read, so slightly more can pass); its default of 408 KiB is less than a long
+# token or cookie jar can need. The read buffer grows only as a request needs it. The number
+# of headers is capped separately, at 100, by Granian's HTTP parser, which Granian does not
+# expose (docs/serving.md).
+MAX_REQUEST_HEAD_BYTES = 4 << 20
 
 
 class _OwnSocketServer(Server):
@@ -65,6 +73,7 @@ def make_server(
         listener if listener is not None else open_listener(host, port),
         interface=Interfaces.ASGI,  # with lifespan: the app logs readiness once bound
         http=HTTPModes.http1,
+        http1_settings=HTTP1Settings(max_buffer_size=MAX_REQUEST_HEAD_BYTES),
         websockets=False,
         log_enabled=debug,
         log_level=LogLevels.debug if debug else LogLevels.warning,

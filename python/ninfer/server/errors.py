@@ -95,6 +95,27 @@ def from_engine_error(exc: Exception) -> ApiError | None:
     return None
 
 
+def from_unhandled(exc: Exception) -> ApiError | None:
+    """The HTTP error for a failure that escaped its handler; None for an internal fault.
+
+    Beyond the engine's typed refusals, a RecursionError can only come from a request value
+    nested deeper than the interpreter's stack allows (the JSON decoder, a template walking
+    `chat_template_kwargs`, a tool schema): it is the client's input, so a 400, not a 500.
+    """
+    if isinstance(exc, RecursionError):
+        return too_deep()
+    return from_engine_error(exc)
+
+
+def too_deep() -> ApiError:
+    return ApiError(
+        400,
+        "request body is not accepted: its JSON arrays and objects nest too deeply to "
+        "process (several hundred levels); flatten the nested value",
+        code="json_too_deep",
+    )
+
+
 def context_length_exceeded(
     prompt_tokens: int, max_context: int, param: str = "messages"
 ) -> ApiError:
@@ -111,8 +132,10 @@ _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
 
 
-def from_decode_error(exc: msgspec.MsgspecError) -> ApiError:
+def from_decode_error(exc: msgspec.MsgspecError | RecursionError) -> ApiError:
     """Turn a msgspec decode/validation failure into a 400 naming the offending field."""
+    if isinstance(exc, RecursionError):
+        return too_deep()
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json")
     text = str(exc)

@@ -9,13 +9,14 @@ how it answers.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ninfer.engine_types import EngineEvent, GenerationRequest
+from ninfer.engine_types import EngineEvent, EngineUnavailable, GenerationRequest
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.disconnect import DisconnectWatcher
-from ninfer.server.errors import ApiError, from_engine_error
+from ninfer.server.errors import ApiError, from_unhandled
 from ninfer.server.http import HttpRequest
 from ninfer.server.inflight import InflightRequests, shutting_down
 from ninfer.server.sse import SseStream, await_with_heartbeat
@@ -48,6 +49,7 @@ async def run_generation(
             handle = served.engine.submit(generation)
         except ValueError as exc:  # the engine's verdict on this request's parameters
             raise ApiError(400, f"invalid request: {exc}", code="invalid_request") from exc
+        handle = _ServedHandle(handle, inflight)
         if telemetry is not None:
             seed = getattr(handle, "seed", None)
             if seed is None:  # the engine did not say: the request's own, if any
@@ -74,6 +76,33 @@ async def run_generation(
     return final, watcher.disconnected.is_set()
 
 
+class _ServedHandle:
+    """The engine's request handle, except that a wait for a lane which the server's own stop
+    cancelled says so ("the server is shutting down") instead of the engine's generic
+    "request was cancelled"."""
+
+    def __init__(self, handle: Any, inflight: InflightRequests) -> None:
+        self._handle = handle
+        self._inflight = inflight
+
+    async def admitted(self) -> None:
+        try:
+            await self._handle.admitted()
+        except EngineUnavailable:
+            if self._inflight.closing:
+                raise shutting_down() from None
+            raise
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def __aiter__(self) -> Any:
+        return self._handle.__aiter__()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
 def report_turn(handle: Any, turn: Any) -> None:
     """A protocol's decoded turn, for the request's done record (tool-call diagnostics)."""
     if isinstance(handle, ObservedHandle):
@@ -96,7 +125,13 @@ async def wait_for_lane_streaming(
     await watcher.race(await_with_heartbeat(handle.admitted(), keep_alive_s, sse.keep_alive))
 
 
+CONSTRAINT_DEAD_END = "constraint_dead_end"  # the core's error prefix for an empty mask
+
+
 def raise_if_failed(event: EngineEvent) -> None:
+    if event.finish_reason == "error" and (event.error or "").startswith(CONSTRAINT_DEAD_END):
+        # The request's own constraint allows no continuation of what was generated.
+        raise ApiError(400, event.error or CONSTRAINT_DEAD_END, code=CONSTRAINT_DEAD_END)
     if event.finish_reason == "error":
         raise ApiError(
             500, f"generation failed: {event.error or 'engine error'}", code="engine_error"
@@ -109,14 +144,72 @@ def no_final_event() -> ApiError:
     return ApiError(500, "the engine ended the request without a final event", code="engine_error")
 
 
+def stream_failure(
+    request: HttpRequest, exc: Exception, watcher: DisconnectWatcher
+) -> ApiError | None:
+    """The error a started stream reports for `exc`, or None when the client already left.
+    Each protocol frames it in its own error event."""
+    if watcher.disconnected.is_set():
+        return None
+    error = from_unhandled(exc) or (exc if isinstance(exc, ApiError) else None)
+    if error is None:
+        log.exception("%s: stream failed", request.request_id)
+        error = ApiError(500, "internal error while streaming", code="internal_error")
+    else:  # the same record an answer that had not started gets at the app boundary
+        log.log(
+            logging.INFO if error.status < 500 else logging.WARNING,
+            "%s %s %s: stream ended with %d %s: %s",
+            request.request_id,
+            request.method,
+            request.path,
+            error.status,
+            error.code,
+            error.message,
+        )
+    return error
+
+
 async def fail_stream(
     request: HttpRequest, sse: SseStream, exc: Exception, watcher: DisconnectWatcher
 ) -> None:
     """A failure after the stream started: one error event (unless the client left)."""
-    if watcher.disconnected.is_set():
+    error = stream_failure(request, exc, watcher)
+    if error is not None:
+        await sse.fail(error.body())
+
+
+def log_turn_done(
+    request: HttpRequest,
+    protocol: str,
+    result: Any,
+    final: EngineEvent | None,
+    disconnected: bool,
+    started: float,
+    stream: bool,
+    details: str,
+) -> None:
+    """The debug line of a finished generation, for every protocol (the request's info
+    record is the telemetry's req#N line); `details` is the protocol's own part."""
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    if final is None or result is None or disconnected:
+        outcome = "client disconnected" if disconnected else "failed"
+        log.debug("%s %s %s after %.0f ms", request.request_id, protocol, outcome, elapsed_ms)
         return
-    error = from_engine_error(exc) or (exc if isinstance(exc, ApiError) else None)
-    if error is None:
-        log.exception("%s: stream failed", request.request_id)
-        error = ApiError(500, "internal error while streaming", code="internal_error")
-    await sse.fail(error.body())
+    report = result.report.as_dict() if result.report is not None else None
+    usage = result.usage
+    log.debug(
+        "%s %s done: prompt %d (cache %d), completion %d (reasoning %d), finish %s, "
+        "tool calls %d, %s, %s, %.0f ms%s",
+        request.request_id,
+        protocol,
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.completion_tokens,
+        usage.reasoning_tokens,
+        result.finish_reason,
+        len(result.tool_calls),
+        details,
+        "stream" if stream else "aggregate",
+        elapsed_ms,
+        f", tool_call_parse {report}" if report else "",
+    )

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from ninfer.server.errors import ApiError
+from ninfer.server.json_text import check_json_text
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -42,7 +43,8 @@ class HttpRequest:
         self.received = time.perf_counter()  # arrival, for preparation and TTFT timings
 
     async def read_body(self, limit_bytes: int) -> bytes:
-        """The whole body, refused with 413 once it exceeds the limit (before any parsing)."""
+        """The whole body, refused with 413 once it exceeds the limit (before any parsing) and
+        with 400 `invalid_json` when it is not UTF-8 JSON text (every body here is JSON)."""
         declared = self.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
             raise _too_large(limit_bytes)
@@ -58,7 +60,9 @@ class HttpRequest:
                 raise _too_large(limit_bytes)
             chunks.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                body = b"".join(chunks)
+                check_json_text(body)
+                return body
 
     async def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.response_started = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,8 +16,6 @@ LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 # (flag, takes a value, feature)
 UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--rope-yarn-factor", True, "runtime YaRN scaling"),
-    ("--kv-capacity", True, "an explicit shared KV pool"),
-    ("--vram-headroom-mib", True, "automatic KV sizing"),
     ("--use-original-int8-prefill-kernel", False, "INT8 KV"),
     ("--prefill-8bit-pv", False, "quantized-KV prompt kernels"),
     ("--no-prefill-8bit-pv", False, "quantized-KV prompt kernels"),
@@ -26,8 +25,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--media-cache-mib", True, "media input"),
     ("--media-live-mib", True, "media input"),
     ("--media-preprocess-threads", True, "media input"),
-    ("--response-store-max-records", True, "the Responses API"),
-    ("--response-store-max-mib", True, "the Responses API"),
     ("--kv-dtype", True, "quantized KV caches"),
     ("--lm-head-draft", False, "speculative decoding"),
     ("--draft-tree-nodes", True, "speculative decoding"),
@@ -38,17 +35,81 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--vision", False, "vision input"),
     ("--vision-offload", True, "vision input"),
     ("--vision-max-merged", True, "vision input"),
-    ("--no-cuda-graph", False, "CUDA graph decode"),
-    ("--no-prefix-reuse", False, "prefix caching"),
-    ("--host-context-mib", True, "the host context tier"),
-    ("--use-original-prefix-caching", False, "prefix caching"),
-    ("--device-snapshot-slots", True, "prefix caching"),
-    ("--cache-taps-per-request", True, "prefix caching"),
-    ("--cache-tap-ladder", True, "prefix caching"),
-    ("--cache-tap-min-gap", True, "prefix caching"),
-    ("--prefix-cache-file", True, "prefix caching"),
-    ("--device-state-slots", True, "prefix caching"),
 )
+
+
+# Values of those options that ask for nothing this build lacks: the spec's default, or a
+# setting that turns the feature off. Command lines copied from the spec's examples carry
+# them, so they are accepted (and named in a startup notice) instead of refused.
+NO_OP_VALUES: dict[str, tuple[str, ...]] = {
+    "--kv-dtype": ("bf16",),  # the one KV format this build stores
+    "--rope-yarn-factor": ("1", "1.0"),  # the default: no YaRN scaling
+    "--ngram-archive-mib": ("0",),  # the default: no n-gram archive
+    "--vision-offload": ("off",),  # the default, and there is no vision tower to offload
+}
+
+
+# Options of the original continuation/checkpoint cache, which NInfer does not have: the hybrid
+# prefix cache is the only one. Refused with that reason rather than "not available yet".
+ORIGINAL_CACHE_OPTIONS: tuple[tuple[str, bool], ...] = (
+    ("--use-original-prefix-caching", False),
+    ("--device-state-slots", True),
+)
+# Options of the hybrid cache that --no-prefix-reuse rejects.
+HYBRID_CACHE_OPTIONS = (
+    "prefix_cache_file",
+    "device_snapshot_slots",
+    "cache_taps_per_request",
+    "cache_tap_ladder",
+    "cache_tap_min_gap",
+)
+
+
+class _RefuseOriginalCache(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        parser.error(
+            f"{option_string} belongs to the original prefix cache, which this server does not "
+            "have: NInfer always uses the hybrid prefix cache (content-addressed 64-token KV "
+            "blocks and state snapshots); size it with --kv-capacity, --device-snapshot-slots "
+            "and the --cache-tap-* options, or turn reuse off with --no-prefix-reuse"
+        )
+
+
+def _kv_capacity(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected `auto` or a token count, got {text!r}"
+        ) from None
+    if value < 64:
+        raise argparse.ArgumentTypeError(f"{value} is out of range (at least 64 tokens, or auto)")
+    return value
+
+
+def _cache_file(text: str) -> str:
+    path = os.path.abspath(text)  # relative to the launch directory
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path!r} is a folder, not a file")
+    return path
+
+
+def _host_context_mib(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value != 0:
+        raise argparse.ArgumentTypeError(
+            f"{value}: the host tier of the prefix cache is not available in this build; "
+            "only 0 (the cache stays in device memory) is accepted"
+        )
+    return value
 
 
 class _Refuse(argparse.Action):
@@ -57,6 +118,10 @@ class _Refuse(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        if isinstance(values, str) and values in NO_OP_VALUES.get(option_string or "", ()):
+            accepted = getattr(namespace, "no_op_options", None) or []
+            namespace.no_op_options = [*accepted, f"{option_string} {values}"]
+            return
         parser.error(f"{option_string} is not available in this build ({self.feature})")
 
 
@@ -150,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA device index, or cpu (default: 0 when this build has CUDA and a device, "
         "else cpu)",
     )
+    model.add_argument(
+        "--load-format",
+        choices=("auto", "dummy"),
+        default="auto",
+        help="auto: the artifact's weights; dummy: seeded random weights made by the engine on "
+        "the device from the artifact's header alone (benchmarks; serves header-only "
+        "artifacts; the seed is --seed, else 0) (default: auto)",
+    )
     engine = parser.add_argument_group("engine")
     engine.add_argument(
         "--max-context",
@@ -186,6 +259,90 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="prompt tokens processed per prefill step (default: 1024)",
     )
+    cache = parser.add_argument_group("memory and prefix cache")
+    cache.add_argument(
+        "--kv-capacity",
+        type=_kv_capacity,
+        default=None,
+        metavar="N|auto",
+        help="shared KV pool in tokens, or auto: the memory the model leaves free less "
+        "--vram-headroom-mib (CPU: at most half the available RAM) (default: auto; "
+        "lanes x --max-context with --no-prefix-reuse)",
+    )
+    cache.add_argument(
+        "--vram-headroom-mib",
+        type=_int_range(0),
+        default=None,
+        metavar="N",
+        help="memory --kv-capacity auto leaves free; requires auto (default: 1024)",
+    )
+    cache.add_argument(
+        "--no-prefix-reuse",
+        action="store_true",
+        help="turn cross-request prefix reuse off; pause/replay under memory pressure stays "
+        "(default: prefix reuse on)",
+    )
+    cache.add_argument(
+        "--host-context-mib",
+        type=_host_context_mib,
+        default=0,
+        metavar="N",
+        help="pinned host tier of the prefix cache; this build has none, so only 0 (default: 0)",
+    )
+    cache.add_argument(
+        "--prefix-cache-file",
+        type=_cache_file,
+        default=None,
+        metavar="PATH",
+        help="restore the prefix cache from PATH at startup when it exists and matches this "
+        "model and build; save it there when the server stops (to PATH.tmp, then renamed) "
+        "(default: off)",
+    )
+    cache.add_argument(
+        "--device-snapshot-slots",
+        type=_int_range(1, 64),
+        default=None,
+        metavar="N",
+        help="hybrid models: device state snapshot slots, 1..64 "
+        "(default: max-concurrency + 3, no host tier)",
+    )
+    cache.add_argument(
+        "--cache-taps-per-request",
+        type=_int_range(0, 64),
+        default=None,
+        metavar="N",
+        help="hybrid models: prefill state snapshots per request, 0..64 (default: 2, no host tier)",
+    )
+    cache.add_argument(
+        "--cache-tap-ladder",
+        type=_int_range(64),
+        default=None,
+        metavar="N",
+        help="hybrid models: ladder base G, taps at prompt - G*2^k "
+        "(default: max(4096, 2 * prefill-chunk))",
+    )
+    cache.add_argument(
+        "--cache-tap-min-gap",
+        type=_int_range(1),
+        default=None,
+        metavar="N",
+        help="hybrid models: minimum tokens between taps (default: max(1024, prefill-chunk))",
+    )
+    for flag, takes_value in ORIGINAL_CACHE_OPTIONS:
+        cache.add_argument(
+            flag,
+            action=_RefuseOriginalCache,
+            nargs="?" if takes_value else 0,
+            metavar="VALUE",
+            help="original prefix cache: refused, NInfer has only the hybrid cache "
+            "(default: refused)",
+        )
+    engine.add_argument(
+        "--no-cuda-graph",
+        action="store_true",
+        help="run every CUDA decode step eagerly instead of replaying captured CUDA graphs "
+        "(default: graphs on)",
+    )
     gen = parser.add_argument_group("generation defaults")
     gen.add_argument(
         "--default-max-tokens",
@@ -193,6 +350,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=8192,
         metavar="N",
         help="output limit when a request sets none (default: 8192)",
+    )
+    gen.add_argument(
+        "--max-output-tokens",
+        type=_int_range(1),
+        default=None,
+        metavar="N",
+        help="cap every request's output budget at N tokens, whatever it asks for; a request "
+        "that reaches it ends with finish reason length (default: no cap)",
     )
     gen.add_argument(
         "--no-thinking",
@@ -237,6 +402,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="give the streamed usage chunk a zero-delta choice, for strict client parsers "
         "(default: off)",
+    )
+    responses = parser.add_argument_group("Responses API store")
+    responses.add_argument(
+        "--response-store-max-records",
+        type=_int_range(1),
+        default=1024,
+        metavar="N",
+        help="stored Responses kept for retrieval and previous_response_id, least recently "
+        "used evicted first (default: 1024)",
+    )
+    responses.add_argument(
+        "--response-store-max-mib",
+        type=_int_range(1),
+        default=256,
+        metavar="N",
+        help="byte budget of the stored Responses (default: 256)",
     )
     sampler = parser.add_argument_group(
         "sampling (precedence: artifact defaults < these flags < request fields < --greedy)"
@@ -313,22 +494,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="rotated request-log files kept, 0..1000; requires --request-log-max-mib (default: 4)",
     )
     add_speculative_arguments(parser)
-    later = parser.add_argument_group("not available in this build (refused if given)")
+    later = parser.add_argument_group(
+        "not available in this build (refused if given, except a value that changes nothing)"
+    )
     for flag, takes_value, feature in UNAVAILABLE_OPTIONS:
+        no_op = NO_OP_VALUES.get(flag)
         later.add_argument(
             flag,
             action=_Refuse,
             feature=feature,
             nargs="?" if takes_value else 0,
             metavar="VALUE",
-            help=f"{feature}: not available in this build",
+            help=f"{feature}: not available in this build"
+            + (f" (accepted: {', '.join(no_op)})" if no_op else ""),
         )
+    parser.set_defaults(no_op_options=[])
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.vram_headroom_mib is not None and args.kv_capacity is not None:
+        parser.error("--vram-headroom-mib requires --kv-capacity auto")
+    if args.no_prefix_reuse:
+        given = [name for name in HYBRID_CACHE_OPTIONS if getattr(args, name) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            parser.error(f"{flag} configures prefix reuse, which --no-prefix-reuse turns off")
     if args.request_log_max_mib is not None and args.request_log_jsonl is None:
         parser.error("--request-log-max-mib requires --request-log-jsonl")
     if args.request_log_keep is not None and args.request_log_max_mib is None:

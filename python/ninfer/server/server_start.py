@@ -58,7 +58,11 @@ def server_start_record(
         formats={"weights": info.get("ftype")},
         model={key: info.get(key) for key in ("n_vocab", "n_ctx_train", "n_embd", "n_params")},
         engine=dataclasses.asdict(config)
-        | {"max_context": served.max_context, "kv_pages": stats.get("kv_pages_total")},
+        | {
+            "max_context": served.max_context,
+            "kv_pages": stats.get("kv_pages_total"),
+            "kv_capacity_tokens": stats.get("kv_capacity_tokens"),  # the resolved shared pool
+        },
         sampler_defaults={
             "artifact": policy.artifact_defaults,
             "thinking": policy.architecture_presets.get(True, {}),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-SPEC_BACKENDS = ("mtp", "dflash", "dflash2")
+SPEC_BACKENDS = ("off", "mtp", "dflash", "dflash2")
 MTP_DRAFTS = (1, 5)
 NGRAM_DRAFTS = (0, 63)
 NGRAM_MIN_MATCH = (4, 64)
@@ -23,8 +23,9 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
         "--spec",
         choices=SPEC_BACKENDS,
         default=None,
-        help="speculative backend: mtp drafts with the artifact's multi-token-prediction head "
-        "(dflash and dflash2 are not available in this build) (default: off)",
+        help="speculative backend: off, or mtp, which drafts with the artifact's "
+        "multi-token-prediction head (dflash and dflash2 are not available in this build) "
+        "(default: off)",
     )
     group.add_argument(
         "--draft-tokens",
@@ -55,6 +56,8 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_speculative_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuses bad combinations with parser.error and resolves --draft-tokens for --spec."""
+    if args.spec == "off":  # the spec's spelling of no speculative backend
+        args.spec = None
     if args.spec in ("dflash", "dflash2"):
         parser.error(
             f"--spec {args.spec} is not available in this build (DFlash drafters); "

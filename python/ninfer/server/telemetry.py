@@ -15,6 +15,7 @@ Console records never carry prompts, bodies, keys or client-supplied text.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -70,7 +71,22 @@ class ObservedHandle:
         self._events: Any = None
 
     def __getattr__(self, name: str) -> Any:
+        if name == "next_within":
+            # Streams read a RequestHandle through next_within (sse.with_heartbeat); the
+            # wrapper observes it like __anext__. Absent when the wrapped handle lacks it.
+            return functools.partial(self._next_within, getattr(self._handle, name))
         return getattr(self._handle, name)
+
+    async def _next_within(self, inner: Any, timeout: float | None) -> EngineEvent | None:
+        try:
+            event = await inner(timeout)
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            if self.record.admitted is None:
+                self.record.admission_error = exc
+            raise
+        return None if event is None else self._observe(event)
 
     def cancel(self) -> None:
         self._handle.cancel()
@@ -100,6 +116,9 @@ class ObservedHandle:
             if self.record.admitted is None:
                 self.record.admission_error = exc
             raise
+        return self._observe(event)
+
+    def _observe(self, event: EngineEvent) -> EngineEvent:
         record = self.record
         if record.admitted is None:
             record.admitted = time.perf_counter()
@@ -258,7 +277,7 @@ class Telemetry:
         ttft_s = (record.first_token - record.received) if record.first_token else None
         total_s = now - record.received
         completion = final.completion_tokens
-        cached = 0  # no prefix cache in this build: every prompt token is computed
+        cached = getattr(final, "cached_tokens", 0) or 0  # the prefix cache's exact reuse
         prompt = final.prompt_tokens or record.prompt_tokens
         if self.metrics is not None:
             self.metrics.histograms.request_duration.observe(total_s)
@@ -306,7 +325,7 @@ class Telemetry:
             prefill_tokens=prompt - cached,
             completion_tokens=completion,
             reasoning_tokens=getattr(usage, "reasoning_tokens", None),
-            prefix_reuse="none",
+            prefix_reuse="hybrid_snapshot" if cached else "none",
             tool_call_parse=report.as_dict() if report is not None else None,
             timings_seconds={
                 "prepare": record.submitted - record.received,

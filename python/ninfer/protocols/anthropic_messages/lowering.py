@@ -172,7 +172,7 @@ def lower_messages_request(request: MessagesRequest, served: ServedModel) -> Low
     if prompt_tokens + 1 > served.max_context:
         raise context_length_exceeded(prompt_tokens, served.max_context)
     room = served.max_context - prompt_tokens
-    max_tokens = min(asked, room)
+    max_tokens = served.cap_output(min(asked, room))
     thinking = lowered.thinking
     limit = thinking.budget if thinking.budget is not None else served.default_thinking_budget
     budget_param = "thinking.budget_tokens" if thinking.budget is not None else "max_tokens"

@@ -6,12 +6,21 @@ from dataclasses import dataclass, field
 
 from ninfer.engine_types import GenerationRequest
 from ninfer.prompt.template_options import TemplateOptions
+from ninfer.protocols.cache_hints import cache_candidates, cache_mode
+from ninfer.protocols.constraints import (
+    GrammarSpec,
+    parse_response_format,
+    parse_structured_outputs,
+    single_output_constraint,
+)
 from ninfer.protocols.conversation import (
     Conversation,
     RenderedPrompt,
     ToolDefinition,
     render_conversation,
 )
+from ninfer.protocols.generation_fields import check_mm_processor_kwargs
+from ninfer.protocols.openai_chat.constraints import chat_constraint
 from ninfer.protocols.openai_chat.messages import lower_messages
 from ninfer.protocols.openai_chat.protocol import ChatCompletionRequest
 from ninfer.protocols.openai_chat.tools import callable_tools, parse_tools
@@ -32,6 +41,7 @@ class LoweredChat:
     return_progress: bool = False
     return_token_ids: bool = False
     tools: list[ToolDefinition] = field(default_factory=list)
+    constraint: GrammarSpec | None = None  # compiled into generation.constraint before submit
 
     @property
     def prompt_tokens(self) -> int:
@@ -79,6 +89,9 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         stop_token_ids=stop_token_ids(request.stop_token_ids, served),
         ignore_eos=bool(request.ignore_eos),
         min_tokens=request.min_tokens or 0,
+        cache_candidates=cache_candidates(
+            prompt.ids, served.engine.tokenizer, cache_mode(request.prompt_cache_options)
+        ),
         thinking_budget=plan_thinking_budget(
             served.thinking_close,
             prompt.decoder.thinking,
@@ -86,7 +99,13 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
             max_tokens,
             "max_completion_tokens",
         ),
+        report_progress=bool(request.stream and request.return_progress),
     )
+    output = single_output_constraint(
+        parse_response_format(request.response_format, "response_format", nested=True),
+        parse_structured_outputs(request.structured_outputs),
+    )
+    constraint = chat_constraint(request, conversation.tools, output, generation, served, prompt)
     stream = bool(request.stream)
     return LoweredChat(
         generation,
@@ -97,6 +116,7 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         return_progress=stream and bool(request.return_progress),
         return_token_ids=bool(request.return_token_ids),
         tools=conversation.tools,
+        constraint=constraint,
     )
 
 
@@ -131,16 +151,11 @@ def _reject_unsupported(request: ChatCompletionRequest) -> None:
         raise unsupported("logit_bias", "logit biases are not applied to the sampler")
     if request.repetition_penalty not in (None, 1, 1.0):
         raise unsupported("repetition_penalty", "only the neutral value 1 is accepted")
-    if request.response_format is not None and request.response_format.get("type") != "text":
-        raise unsupported(
-            "response_format", "JSON mode and JSON Schema are not available in this build"
-        )
-    if request.structured_outputs is not None:
-        raise unsupported("structured_outputs", "constrained output is not available in this build")
+    # An `audio` configuration is inert while the output is text only (modalities absent or
+    # ["text"]); asking for the audio modality is what requests audio output.
     if request.modalities is not None and any(m != "text" for m in request.modalities):
         raise unsupported("modalities", "only text output is produced (no audio output)")
-    if request.audio is not None:
-        raise unsupported("audio", "audio output is not produced")
+    check_mm_processor_kwargs(request.mm_processor_kwargs)
     if request.functions:
         raise unsupported(
             "functions", "legacy function definitions are not served; declare `tools` instead"
@@ -166,7 +181,7 @@ def _max_tokens(request: ChatCompletionRequest, prompt_tokens: int, served: Serv
     if needed > ceiling:
         raise context_length_exceeded(prompt_tokens, ceiling)
     room = ceiling - prompt_tokens
-    return min(served.default_max_tokens if asked is None else asked, room)
+    return served.cap_output(min(served.default_max_tokens if asked is None else asked, room))
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from ninfer.protocols.generation_fields import GenerationFields, NonNegativeInt
+from ninfer.protocols.generation_fields import GenerationFields, Int64, NonNegativeInt
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -38,7 +38,7 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
     max_tokens: NonNegativeInt | None = None
     max_completion_tokens: NonNegativeInt | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     tools: list[Any] | None = None
@@ -47,7 +47,7 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
     function_call: Any = None
     verbosity: str | None = None
     web_search_options: Any = None
-    audio: Any = None
+    audio: dict[str, Any] | None = None  # output voice/format: inert for text-only output
     store: bool | None = None
     enable_thinking: bool | None = None
     preserve_thinking: bool | None = None
@@ -57,6 +57,8 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
     return_progress: bool | None = None
     structured_outputs: Any = None
     parallel_tool_calls: bool | None = None
+    tool_constraints: str | None = None  # NInfer: "basic" (default) or "auto"
+    prompt_cache_options: Any = None  # {"mode": "implicit" | "explicit"}: cache write hints
 
 
 def decode_request(body: bytes) -> ChatCompletionRequest:

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from ninfer.engine_types import GenerationRequest
-from ninfer.protocols.generation_fields import GenerationFields
+from ninfer.protocols.generation_fields import GenerationFields, Int64, check_mm_processor_kwargs
 from ninfer.protocols.openai_chat.lowering import check_model, stop_strings, stop_token_ids
 from ninfer.protocols.served_model import ServedModel
 from ninfer.server.errors import context_length_exceeded, invalid, unsupported
@@ -21,9 +21,9 @@ from ninfer.server.errors import context_length_exceeded, invalid, unsupported
 
 class CompletionRequest(GenerationFields, kw_only=True):
     prompt: str | list[Any]
-    max_tokens: int | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
+    max_tokens: Int64 | None = None  # <= 0: no client limit
+    best_of: Int64 | None = None
+    logprobs: Int64 | None = None
     echo: bool | None = None
     suffix: str | None = None
 
@@ -119,8 +119,8 @@ def _max_tokens(asked: int | None, prompt_tokens: int, served: ServedModel) -> i
         raise context_length_exceeded(prompt_tokens, ceiling, param="prompt")
     room = ceiling - prompt_tokens
     if asked is None:
-        return min(served.default_max_tokens, room)
-    return room if asked <= 0 else min(asked, room)
+        return served.cap_output(min(served.default_max_tokens, room))
+    return served.cap_output(room if asked <= 0 else min(asked, room))
 
 
 def _reject_unsupported(request: CompletionRequest) -> None:
@@ -138,3 +138,4 @@ def _reject_unsupported(request: CompletionRequest) -> None:
         raise unsupported("logit_bias", "logit biases are not applied to the sampler")
     if request.repetition_penalty not in (None, 1, 1.0):
         raise unsupported("repetition_penalty", "only the neutral value 1 is accepted")
+    check_mm_processor_kwargs(request.mm_processor_kwargs)

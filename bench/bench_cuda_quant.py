@@ -1,0 +1,296 @@
+"""CUDA benchmark of FP8 (W8A16) and NVFP4 (W4A16) weights on the GPU machine.
+
+In one process, ceilings first (bench_cuda.py's copy bandwidth and bf16 GEMM rate):
+1. the quantized GEMV alone at the Qwen3.6-27B decode shapes, m = 1/4/8/16, as a read rate
+   (codes + scales ÷ time) against the copy bandwidth;
+2. the 27B shape end to end (seeded random weights made on the device, formats as an
+   fp8/nvfp4 artifact stores them: embedding, lm_head, the GDN a/b projections stay bf16):
+   prefill 8k (floor: bf16 GEMM rate, as the prefill GEMMs run bf16 here) and decode
+   b1/4/8/16 at 1k and b1/4 at 8k context with CUDA graphs, against the byte floor (the step's
+   weight bytes in their stored format + KV + GDN state read and written) ÷ copy bandwidth;
+   a per-kernel breakdown of a b1 decode step.
+
+Writes results_quant.json / results_quant.md under --out and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ninfer import _core
+from ninfer.artifact.layout import tensor_nbytes
+from ninfer.convert.qwen3_5_presets import qwen3_5_preset
+from ninfer.convert.random import plan_random_artifact
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
+from model_files import write_bf16_artifact  # noqa: E402
+
+from bench_cuda import ceilings, kernel_breakdown  # noqa: E402
+from bench_cuda_hybrid import SAMPLING, prefill_flops, shape_counts  # noqa: E402
+
+# (name, rows of each weight of one launch, k) of a 27B decode step
+GEMV_SHAPES_27B = [
+    ("gdn in_proj qkv+z", [10240, 6144], 5120),
+    ("mlp gate+up", [17408, 17408], 5120),
+    ("mlp down", [5120], 17408),
+    ("gdn out_proj", [5120], 6144),
+]
+
+
+def step_weight_bytes(cfg: dict, dtype: str) -> float:
+    """Bytes of the weights one decode step reads, each in its stored format (MoE experts:
+    bf16, as the CUDA backend runs them; their expected distinct experts at batch 1)."""
+    plan = plan_random_artifact(cfg, dtype=dtype)
+    c = plan.config
+    e, k = c.get("num_experts", 0) or 0, c.get("num_experts_per_tok", 0) or 0
+    total = 0.0
+    for name, (stored, shape) in plan.tensors.items():
+        if name.startswith("mtp.") or name == "model.embed_tokens.weight":
+            continue
+        if ".mlp.experts." in name:
+            total += 2 * math.prod(shape) * (k / e)
+        else:
+            total += tensor_nbytes(stored, shape)
+    return total
+
+
+def gemv_rates(bw: float, dtypes: list[str]) -> list[dict]:
+    """Each shape with software pipelining off and on (launcher variants 4 and 8)."""
+    gemv = _core.CudaQuantGemv(0)
+    rows = []
+    for dtype in dtypes:
+        for name, weights, k in GEMV_SHAPES_27B:
+            for m in (1, 4, 8, 16):
+                for pipelined, variant in ((False, 4), (True, 8)):
+                    ms, nbytes = gemv.time_gemv(dtype, weights, k, m, variant, 20)
+                    sec = float(np.median(ms)) * 1e-3
+                    rows.append(
+                        {
+                            "dtype": dtype,
+                            "shape": name,
+                            "m": m,
+                            "pipelined": pipelined,
+                            "us": sec * 1e6,
+                            "tb_s": nbytes / sec / 1e12,
+                            "ratio": nbytes / sec / bw,
+                        }
+                    )
+                    r = rows[-1]
+                    print(
+                        f"gemv {dtype} {name} m={m} pipelined={pipelined}: {r['us']:.1f} us, "
+                        f"{r['tb_s']:.2f} TB/s ({100 * r['ratio']:.1f}% of copy)",
+                        flush=True,
+                    )
+    return rows
+
+
+def pick_pipelining(rows: list[dict]) -> bool:
+    """The faster form over the batch-1 shapes (the decode figure that matters most)."""
+    on = sum(r["us"] for r in rows if r["m"] == 1 and r["pipelined"])
+    off = sum(r["us"] for r in rows if r["m"] == 1 and not r["pipelined"])
+    return on <= off
+
+
+def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict:
+    cfg = qwen3_5_preset(name)
+    counts = shape_counts(cfg)
+    weight_bytes = step_weight_bytes(cfg, dtype)
+    plan = [(1024, [1, 4, 8, 16]), (8192, [1, 4])]
+    lanes = 16
+    out: dict = {"shape": name, "dtype": dtype, "weight_gb_per_step": weight_bytes / 1e9}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_bf16_artifact(Path(tmp) / "shape.ninfer", cfg, None)
+        t0 = time.perf_counter()
+        runner = _core.ModelRunner(
+            str(path),
+            max_lanes=lanes,
+            max_batch_tokens=16384,
+            max_context=8192 + 8 * (steps + 4) + 64,
+            device="cuda",
+            random_weights_seed=1,
+            random_weights_dtype=dtype,
+        )
+        out["load_s"] = time.perf_counter() - t0
+    print(
+        f"[{name} {dtype}] made on device in {out['load_s']:.1f} s; "
+        f"{weight_bytes / 1e9:.2f} GB of weights per step",
+        flush=True,
+    )
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, counts["vocab"], size=8192 + 8).tolist()
+
+    runner.forward(0, 0, tokens[:256])
+    runner.reset(0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    runner.forward(0, 0, tokens[:8192])
+    seconds = time.perf_counter() - t0
+    runner.reset(0)
+    floor = prefill_flops(counts, 8192) / rate
+    out["prefill"] = {
+        "tokens": 8192,
+        "seconds": seconds,
+        "tokens_per_s": 8192 / seconds,
+        "floor_tokens_per_s": 8192 / floor,
+        "ratio": floor / seconds,
+    }
+    print(
+        f"[{name} {dtype}] prefill 8192: {8192 / seconds:.0f} tok/s, bf16-GEMM floor "
+        f"{8192 / floor:.0f} ({100 * floor / seconds:.1f}%)",
+        flush=True,
+    )
+
+    rows = []
+    for context, batches in plan:
+        used = max(batches)
+        for lane in range(lanes):
+            runner.reset(lane)
+        for lane in range(0, used, 2):
+            runner.forward_batch(
+                [
+                    (ln, 0, tokens[ln % 2 : context + ln % 2])
+                    for ln in range(lane, min(lane + 2, used))
+                ]
+            )
+        position = [context] * lanes
+        for batch in batches:
+
+            def step(batch=batch, position=position):
+                runner.forward_batch_sampled(
+                    [(lane, position[lane], [tokens[lane]]) for lane in range(batch)],
+                    [SAMPLING | {"uniform": (lane + 0.5) / batch} for lane in range(batch)],
+                )
+                for lane in range(batch):
+                    position[lane] += 1
+
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            sec = (time.perf_counter() - t0) / steps
+            c = shape_counts(cfg, batch)
+            kv = batch * (position[0] - steps / 2) * c["kv_bytes_per_token"]
+            state = batch * 2 * c["state_bytes_per_lane"]
+            floor_step = (weight_bytes + kv + state) / bw
+            rows.append(
+                {
+                    "context": context,
+                    "batch": batch,
+                    "step_ms": sec * 1e3,
+                    "tokens_per_s": batch / sec,
+                    "floor_tokens_per_s": batch / floor_step,
+                    "ratio": floor_step / sec,
+                }
+            )
+            r = rows[-1]
+            print(
+                f"[{name} {dtype}] decode ctx {context} b{batch}: {r['tokens_per_s']:.1f} "
+                f"tok/s ({r['step_ms']:.2f} ms), floor {r['floor_tokens_per_s']:.1f} "
+                f"({100 * r['ratio']:.1f}%)",
+                flush=True,
+            )
+    out["decode"] = rows
+    os.environ["NINFER_CUDA_GRAPHS"] = "0"
+    pos = position[0]
+    out["breakdown_decode_b1"] = kernel_breakdown(
+        lambda: runner.forward_batch_sampled([(0, pos, [tokens[2]])], [SAMPLING | {"uniform": 0.5}])
+    )
+    os.environ.pop("NINFER_CUDA_GRAPHS")
+    return out
+
+
+def to_markdown(result: dict) -> str:
+    bw, rate = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["bf16_gemm_flops"]
+    lines = [
+        f"Ceilings (same run): copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s.",
+        "",
+        "| GEMV (27B shapes) | format | m | pipelined | µs | TB/s | of copy |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["gemv"]:
+        lines.append(
+            f"| {r['shape']} | {r['dtype']} | {r['m']} | {'yes' if r['pipelined'] else 'no'} | "
+            f"{r['us']:.1f} | "
+            f"{r['tb_s']:.2f} | {100 * r['ratio']:.1f}% |"
+        )
+    for model in result["models"]:
+        lines += [
+            "",
+            f"### {model['shape']} {model['dtype']} "
+            f"({model['weight_gb_per_step']:.2f} GB of weights per step)",
+            "",
+            "| what | measured | floor | ratio |",
+            "| --- | --- | --- | --- |",
+        ]
+        p = model["prefill"]
+        lines.append(
+            f"| prefill 8192 | {p['tokens_per_s']:.0f} tok/s ({p['seconds']:.2f} s) | "
+            f"{p['floor_tokens_per_s']:.0f} tok/s (bf16 GEMM) | {100 * p['ratio']:.1f}% |"
+        )
+        for r in model["decode"]:
+            lines.append(
+                f"| decode b{r['batch']} {r['context']} ctx | {r['tokens_per_s']:.1f} "
+                f"tok/s ({r['step_ms']:.2f} ms) | {r['floor_tokens_per_s']:.1f} tok/s "
+                f"| {100 * r['ratio']:.1f}% |"
+            )
+        lines += ["", "decode b1 kernels (name, ms, launches):"]
+        lines += [f"- {n}: {ms:.2f} ms x {cnt}" for n, ms, cnt in model["breakdown_decode_b1"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--dtypes", default="fp8,nvfp4,bf16")
+    parser.add_argument("--shape", default="qwen3.6-27b")
+    parser.add_argument("--skip-gemv", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dtypes = args.dtypes.split(",")
+    result: dict = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(0),
+        "ceilings": ceilings(),
+        "gemv": [],
+        "models": [],
+    }
+    bw, rate = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["bf16_gemm_flops"]
+    print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s", flush=True)
+    if not args.skip_gemv:
+        result["gemv"] = gemv_rates(bw, [d for d in dtypes if d != "bf16"])
+        result["pipelined"] = pick_pipelining(result["gemv"])
+        os.environ["NINFER_QUANT_GEMV_PIPELINE"] = "1" if result["pipelined"] else "0"
+        print(
+            f"model runs with the GEMV software pipelining {'on' if result['pipelined'] else 'off'}"
+        )
+    for dtype in dtypes:
+        try:
+            result["models"].append(run_model(args.shape, dtype, bw, rate, args.steps))
+        except Exception as exc:  # keep the other formats' figures
+            print(f"[{args.shape} {dtype}] FAILED: {type(exc).__name__}: {exc}", flush=True)
+            result.setdefault("failures", []).append(f"{dtype}: {exc}")
+        (args.out / "results_quant.json").write_text(json.dumps(result, indent=2))
+        torch.cuda.empty_cache()
+    text = to_markdown(result)
+    (args.out / "results_quant.md").write_text(text)
+    print(text)
+    return 1 if result.get("failures") else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

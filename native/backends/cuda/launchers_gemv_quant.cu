@@ -1,0 +1,161 @@
+// Launchers of the FP8/NVFP4 weight kernels (see launchers_quant.h).
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
+#include <stdexcept>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels_gemv_quant.cuh"
+#include "backends/cuda/launch_overlapped.h"
+#include "backends/cuda/launchers_quant.h"
+#include "common/dtype.h"
+
+namespace ninfer::cuda {
+
+namespace {
+
+int sm_count() {
+  int device = 0, sms = 0;
+  NINFER_CUDA_CHECK(cudaGetDevice(&device));
+  NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+template <bool kNvfp4, int kRowTiles, int kWarps, bool kPipelined>
+void launch_tiles(const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap,
+                  cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(table.first_tile[table.num_jobs])), block(32 * kWarps);
+  if (m > 8)
+    launch_overlapped(overlap, grid, block, 0, stream,
+                      kernels::gemv_quant_block_split<kNvfp4, kRowTiles, kWarps, true, kPipelined>, table, x, m, k);
+  else
+    launch_overlapped(overlap, grid, block, 0, stream,
+                      kernels::gemv_quant_block_split<kNvfp4, kRowTiles, kWarps, false, kPipelined>, table, x, m, k);
+}
+
+// The default of the software-pipelined form: NINFER_QUANT_GEMV_PIPELINE=0|1 (read at each
+// launch, so a benchmark can pick it), else off: the pipelined form has not run on a GPU yet.
+bool pipelined_by_default() {
+  const char* v = std::getenv("NINFER_QUANT_GEMV_PIPELINE");
+  return v && v[0] == '1';
+}
+
+// splitmix64 (as kernels_elementwise.cuh's random fills): a counter-based generator.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Random codes: 4 bytes (fp8) or 8 nibbles (nvfp4) per thread and step.
+__global__ void random_codes(uint32_t* __restrict__ words, int64_t n_words, uint64_t seed, bool nvfp4) {
+  const uint64_t key = mix64(seed + 0x9e3779b97f4a7c15ull);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = mix64(key ^ static_cast<uint64_t>(i));
+    uint32_t word = 0;
+    const int per_word = nvfp4 ? 8 : 4;
+    for (int j = 0; j < per_word; ++j) {
+      const float u = 2.0f * static_cast<float>((r >> (8 * (j % 8))) & 0xFF) / 255.0f - 1.0f;  // [-1, 1]
+      if (nvfp4) {
+        // e2m1 of 6u, nearest: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
+        const float a = fabsf(6.0f * u);
+        const uint32_t mag = a < 0.25f ? 0 : a < 0.75f ? 1 : a < 1.25f ? 2 : a < 1.75f ? 3 : a < 2.5f ? 4
+                             : a < 3.5f ? 5 : a < 5.0f ? 6 : 7;
+        word |= ((u < 0.0f && mag ? 8u : 0u) | mag) << (4 * j);
+      } else {
+        const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(448.0f * u, __NV_SATFINITE, __NV_E4M3);
+        word |= static_cast<uint32_t>(c) << (8 * j);
+      }
+    }
+    words[i] = word;
+  }
+}
+
+__global__ void fill_f32(float* __restrict__ p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+__global__ void fill_u8(uint8_t* __restrict__ p, int64_t n, uint8_t v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+unsigned int grid_for(int64_t n) {
+  return static_cast<unsigned int>(std::min<int64_t>((n + 255) / 256, 65536));
+}
+
+}  // namespace
+
+void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
+                               int k, bool accumulate, bool overlap, cudaStream_t stream) {
+  if (num_jobs < 1 || num_jobs > kQuantGemvMaxJobs || m < 1 || m > 16 || k % (nvfp4 ? 32 : 16) != 0 ||
+      variant < 0 || variant >= 12)
+    throw std::invalid_argument("launch_gemv_quant: unsupported jobs/m/k");
+  kernels::QuantGemvTable table{};
+  table.num_jobs = num_jobs;
+  table.accumulate = accumulate ? 1 : 0;
+  int64_t rows16 = 0;
+  for (int j = 0; j < num_jobs; ++j) {
+    if (jobs[j].rows < 1 || jobs[j].group_rows < 1) throw std::invalid_argument("launch_gemv_quant: a weight without rows");
+    table.job[j] = jobs[j];
+    rows16 += (jobs[j].rows + 15) / 16;
+  }
+  // m <= 2: 8-row tiles (twice the blocks: more loads in flight, x costs little). Larger m:
+  // 16-row tiles (x is read once per 16 weight rows), and when those are few (long rows:
+  // down_proj) 8 warps a block, so the SMs' shares stay even with a block per tile
+  // (bench/bench_cuda_quant.py, H200 2026-12-01). Variants force: 1 = 8-row tiles, 2 = 16-row
+  // tiles of 4 warps, 3 = 16-row tiles of 8 warps.
+  const int tiles16 = static_cast<int>(rows16);
+  const int forced = variant % 4, pipeline = variant / 4;
+  const int choice = forced > 0 ? forced : m <= 2 ? 1 : tiles16 < 4 * sm_count() ? 3 : 2;
+  const bool pipelined = pipeline == 0 ? pipelined_by_default() : pipeline == 2;
+  const int tile_rows = choice == 1 ? 8 : 16;
+  table.first_tile[0] = 0;
+  for (int j = 0; j < num_jobs; ++j)
+    table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + tile_rows - 1) / tile_rows;
+  auto launch = [&](auto nvfp4_tag, auto pipelined_tag) {
+    constexpr bool kNvfp4 = decltype(nvfp4_tag)::value, kPipelined = decltype(pipelined_tag)::value;
+    if (choice == 1) launch_tiles<kNvfp4, 1, 4, kPipelined>(table, x, m, k, overlap, stream);
+    if (choice == 2) launch_tiles<kNvfp4, 2, 4, kPipelined>(table, x, m, k, overlap, stream);
+    if (choice == 3) launch_tiles<kNvfp4, 2, 8, kPipelined>(table, x, m, k, overlap, stream);
+  };
+  if (nvfp4)
+    pipelined ? launch(std::true_type{}, std::true_type{}) : launch(std::true_type{}, std::false_type{});
+  else
+    pipelined ? launch(std::false_type{}, std::true_type{}) : launch(std::false_type{}, std::false_type{});
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m, int k,
+                       bool accumulate, bool overlap, cudaStream_t stream) {
+  launch_gemv_quant_variant(0, nvfp4, jobs, num_jobs, x, m, k, accumulate, overlap, stream);
+}
+
+void launch_dequantize_bf16(bool nvfp4, const QuantGemvJob& w, int k, uint16_t* out, cudaStream_t stream) {
+  const int64_t groups = static_cast<int64_t>(w.rows) * (k / 8);
+  if (groups == 0) return;
+  const unsigned int grid = static_cast<unsigned int>((groups + 255) / 256);
+  if (nvfp4)
+    kernels::dequantize_to_bf16<true><<<grid, 256, 0, stream>>>(w, k, out);
+  else
+    kernels::dequantize_to_bf16<false><<<grid, 256, 0, stream>>>(w, k, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void launch_random_quantized(bool nvfp4, uint8_t* blob, int64_t rows, int64_t cols, int64_t group_rows, uint64_t seed,
+                             float scale, cudaStream_t stream) {
+  const QuantizedLayout l = QuantizedLayout::of(nvfp4 ? DType::NVFP4 : DType::FP8, rows, cols, group_rows);
+  const int64_t code_bytes = nvfp4 ? rows * cols / 2 : rows * cols;
+  random_codes<<<grid_for(code_bytes / 4), 256, 0, stream>>>(reinterpret_cast<uint32_t*>(blob), code_bytes / 4, seed,
+                                                             nvfp4);
+  if (nvfp4) {
+    fill_u8<<<grid_for(rows * cols / 16), 256, 0, stream>>>(blob + l.scale_offset, rows * cols / 16, 0x7E);  // 448
+    fill_f32<<<grid_for(rows), 256, 0, stream>>>(reinterpret_cast<float*>(blob + l.scale2_offset), rows,
+                                                 scale / 2688.0f);
+  } else {
+    const int64_t n = (l.nbytes - l.scale_offset) / 4;
+    fill_f32<<<grid_for(n), 256, 0, stream>>>(reinterpret_cast<float*>(blob + l.scale_offset), n, scale / 448.0f);
+  }
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ninfer::cuda

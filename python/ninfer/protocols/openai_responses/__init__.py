@@ -1,0 +1,1 @@
+"""OpenAI Responses: typed Items, validation, lowering, rendering, and the local store."""

@@ -1,0 +1,225 @@
+"""The FP8 (W8A16) and NVFP4 (W4A16) CUDA kernels against float64 on fresh random inputs.
+
+Weights are quantized by the converter's numpy code (the artifact layout); the reference is
+float64 on the dequantized weights with x rounded to bf16 as the kernel does, so only the
+summation order differs (a layout, nibble or scale bug is O(1)). Outputs are poisoned (NaN)
+or random for the accumulating form; a guard past every output catches stray writes. Then the
+dequantize-to-bf16 kernel (prefill, expert stacks) bit for bit, the device-made random
+weights as valid tensors, and a whole quantized model on the GPU against the CPU backend on
+the same artifact. GPU machine only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer import _core
+from ninfer.artifact import bf16_bits_to_f32, f32_to_bf16_bits
+from ninfer.artifact.block_quant import (
+    dequantize_fp8,
+    dequantize_nvfp4,
+    quantize_fp8,
+    quantize_nvfp4,
+)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_core.cuda_device_count() == 0, reason="no CUDA device (or no CUDA build)"),
+]
+
+QUANTIZE = {"fp8": quantize_fp8, "nvfp4": quantize_nvfp4}
+DEQUANTIZE = {"fp8": dequantize_fp8, "nvfp4": dequantize_nvfp4}
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return _core.CudaQuantGemv(0)
+
+
+def bf16_round(x):
+    return bf16_bits_to_f32(f32_to_bf16_bits(x.astype(np.float32)))
+
+
+def make_weight(rng, dtype, experts, rows, k, scale=0.05):
+    w = (rng.standard_normal((experts, rows, k)) * scale).astype(np.float32)
+    w[..., : min(k, 64)] *= 8  # uneven blocks: scales must differ between blocks
+    blob = QUANTIZE[dtype](w)
+    return blob, DEQUANTIZE[dtype](blob, w.shape).reshape(experts * rows, k)
+
+
+def run_case(kernels, dtype, m, k, shapes, *, accumulate=False, variant=0, slices=None):
+    """shapes: per job (experts, rows per expert); slices: per job (first, count) or None."""
+    rng = np.random.default_rng([20261201, m, k, len(shapes), variant, int(accumulate)])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    blobs, geometry, refs, biases, outs = [], [], [], [], []
+    x64 = bf16_round(x).astype(np.float64)
+    for j, (experts, rows) in enumerate(shapes):
+        blob, dense = make_weight(rng, dtype, experts, rows, k)
+        total = experts * rows
+        first, count = slices[j] if slices else (0, total)
+        bias = rng.standard_normal(count).astype(np.float32) if j % 2 == 0 else None
+        ref = x64 @ dense[first : first + count].astype(np.float64).T
+        magnitude = np.abs(x64) @ np.abs(dense[first : first + count]).astype(np.float64).T
+        if bias is not None:
+            ref = ref + bias
+        out = (
+            rng.standard_normal((m, count)).astype(np.float32)
+            if accumulate
+            else np.full((m, count), np.nan, dtype=np.float32)
+        )
+        if accumulate:
+            ref = ref + out
+        blobs.append(blob)
+        geometry.append([total, rows, first, count])
+        refs.append((ref, magnitude))
+        biases.append(bias)
+        outs.append(out)
+    kernels.gemv(x, dtype, blobs, geometry, outs, biases, accumulate, variant)
+    for out, (ref, magnitude) in zip(outs, refs, strict=True):
+        assert np.isfinite(out).all()
+        # f32 accumulation in another order: a few 2^-24 of sqrt(k)·Σ|x·w|
+        tolerance = 4e-7 * np.sqrt(k) * magnitude.max() + 1e-6
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("k", [5120, 17408, 2048, 96])
+@pytest.mark.parametrize("pipeline", [4, 8])  # variant / 4: software pipelining off, on
+def test_gemv_matches_float64(kernels, dtype, m, k, pipeline):
+    if dtype == "nvfp4" and k % 32:
+        k = 128
+    run_case(kernels, dtype, m, k, [(1, 203)], variant=pipeline)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("variant", [1, 2, 3, 5, 6, 7, 9, 10, 11])
+def test_tile_variants_and_several_jobs(kernels, dtype, variant):
+    run_case(kernels, dtype, 3, 5120, [(1, 384), (1, 37), (1, 1), (1, 130)], variant=variant)
+    run_case(kernels, dtype, 12, 1024, [(1, 256), (1, 72)], variant=variant, accumulate=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+def test_expert_rows_of_a_stack(kernels, dtype):
+    # rows of expert 2 of a stack of 4 (block scales restart at each 96-row expert), and a
+    # slice that starts inside an expert and crosses into the next
+    run_case(kernels, dtype, 4, 512, [(4, 96), (4, 96)], slices=[(192, 96), (150, 90)])
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+def test_dequantize_kernel_matches_the_reference_bit_for_bit(kernels, dtype):
+    rng = np.random.default_rng(5)
+    blob, dense = make_weight(rng, dtype, 3, 136, 256)
+    got = kernels.dequantize(dtype, blob, 3 * 136, 256, 136, 100, 250)
+    want = f32_to_bf16_bits(dense[100:350])
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+def test_device_random_weights_are_valid_tensors(kernels, dtype):
+    blob = kernels.random(dtype, 256, 512, 256, 11, 0.1)
+    values = DEQUANTIZE[dtype](blob, (256, 512))
+    assert np.isfinite(values).all()
+    assert np.abs(values).max() <= 0.1 * 1.0001
+    assert 0.03 < values.std() < 0.07  # uniform(-0.1, 0.1): std 0.058
+    other = kernels.random(dtype, 256, 512, 256, 12, 0.1)
+    assert not np.array_equal(blob, other)
+
+
+CONFIG = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "mtp_num_hidden_layers": 0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+}
+
+
+DECODE = [5, 9, 17, 33, 65, 129]  # eager, captured, then replayed decode steps
+
+
+def f32_twin(quantized, path):
+    """An f32 artifact of the quantized artifact's decoded values."""
+    from ninfer.artifact import ArtifactWriter, read_header
+
+    header = read_header(quantized)
+    writer = ArtifactWriter(
+        path,
+        architecture=header.architecture,
+        config=header.config,
+        metadata=header.metadata,
+        tokenizer=header.header["tokenizer"],
+    )
+    for name, entry in header.tensors.items():
+        writer.declare(name, "f32", entry["shape"])
+    writer.add_resource("tokenizer.json", header.resource("tokenizer.json"))
+    writer.begin()
+    for name in header.tensors:
+        writer.write(name, np.ascontiguousarray(header.tensor_f32(name), dtype=np.float32))
+    return writer.close()
+
+
+GRAPHS_UNEXPLAINED = pytest.mark.xfail(
+    reason="replayed graphs of quantized decode steps gave wrong logits (2026-12-01); "
+    "quantized steps run eagerly unless NINFER_QUANT_GRAPHS=1",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "graphs",
+        "eager",
+        "graphs-nopdl",
+        "eager-nopdl",
+        pytest.param("quantized-graphs", marks=GRAPHS_UNEXPLAINED),
+        pytest.param("quantized-graphs-nopdl", marks=GRAPHS_UNEXPLAINED),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, mode, tmp_path, monkeypatch):
+    """Prefill (dequantize + cuBLAS) and decode (GEMV, graphs on) of a quantized hybrid
+    against the CPU reference on the same artifact: no further from it than the GPU's bf16
+    path on the same (decoded) weights is, since both round activations to bf16."""
+    from ninfer.convert.random import make_random_artifact
+
+    monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0" if mode.startswith("eager") else "1")
+    monkeypatch.setenv("NINFER_CUDA_PDL", "0" if mode.endswith("nopdl") else "1")
+    monkeypatch.setenv("NINFER_QUANT_GRAPHS", "1" if mode.startswith("quantized") else "0")
+    path = make_random_artifact(CONFIG, tmp_path / "q.ninfer", dtype=dtype, tokenizer="synthetic")
+    twin = f32_twin(path, tmp_path / "twin.ninfer")
+    ids = np.random.default_rng(3).integers(0, 512, size=40).tolist()
+    cpu = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2)
+    runners = {
+        name: _core.ModelRunner(str(p), max_lanes=1, max_batch_tokens=64, device="cuda")
+        for name, p in (("quantized", path), ("bf16 twin", twin))
+    }
+    want = [cpu.forward(0, 0, ids, all_logits=True)]
+    want += [cpu.forward(0, len(ids) + i, [t]) for i, t in enumerate(DECODE)]
+    errors = {}
+    for name, runner in runners.items():
+        got = [runner.forward(0, 0, ids, all_logits=True)]  # prefill
+        got += [runner.forward(0, len(ids) + i, [t]) for i, t in enumerate(DECODE)]
+        errors[name] = [float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True)]
+        assert all(np.isfinite(g).all() for g in got)
+    scale = float(np.abs(want[0]).max())
+    print(f"{dtype} {mode}: |GPU - CPU| per step", errors)
+    for step, (q, t) in enumerate(zip(errors["quantized"], errors["bf16 twin"], strict=True)):
+        assert q <= 1.5 * t + 2e-3 * scale, f"step {step}: quantized {q:.3g} vs bf16 twin {t:.3g}"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine (issue 13): build, run the prefix-cache GPU tests and the other engine-level
+# GPU tests, then the agent-loop benchmark on the 27B hybrid shape within what time is left.
+#   usage: tools/gpu/prefix_check.sh OUT_DIR [BENCH_BUDGET_S]
+set -uo pipefail
+out=${1:?usage: tools/gpu/prefix_check.sh OUT_DIR [BENCH_BUDGET_S]}
+budget=${2:-60}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+status=0
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+echo "== build"
+if ! tools/gpu/build.sh "$out/build.log"; then
+  tail -40 "$out/build.log"
+  exit 1
+fi
+grep "build rc" "$out/build.log"
+# shellcheck disable=SC1091
+source build/gpu/env.sh
+echo "== GPU tests"
+timeout 150 "$py" -m pytest -m gpu tests/test_prefix_cache_cuda.py tests/test_server_prefix_cache.py tests/test_server_hybrid_engine.py \
+  tests/test_cuda_sampling.py::test_engine_device_sampling_matches_host_sampling -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/tests.log" | tail -25
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== agent loop (27B shape)"
+timeout $((budget * 2 + 60)) "$py" bench/bench_agent_loop.py --out "$out" --budget-s "$budget" 2>&1 |
+  tee "$out/bench.log" | tail -40
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit "$status"
