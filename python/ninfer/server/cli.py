@@ -252,6 +252,8 @@ def _make_panel(args: argparse.Namespace, telemetry: Telemetry, engine: Any) -> 
         engine,
         colours=args.log_colours == "on",
         show_gauges=args.log_stats_interval_ms > 0,
+        drafter="MTP" if getattr(args, "spec", None) == "mtp" else None,
+        ngram=(getattr(args, "ngram_draft_tokens", 0) or 0) > 0,
     )
     telemetry.on_change.append(panel.refresh)
     return panel
