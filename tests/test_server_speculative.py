@@ -186,3 +186,45 @@ def test_metrics_count_speculative_work(servers):
     assert 0 <= accepted <= drafted
     assert got.value("ninfer_spec_decode_fallback_steps_total") >= 0
     assert scrape(plain.base_url).value("ninfer_spec_decode_rounds_total") == 0
+
+
+def test_json_schema_response_format_equals_plain_decoding(servers):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+
+    def ask(server):
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x")
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40,
+            temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+        )  # fmt: skip
+
+    plain, spec = servers
+    a, b = ask(plain), ask(spec)
+    assert b.choices[0].message.content == a.choices[0].message.content
+    assert b.choices[0].finish_reason == a.choices[0].finish_reason
+    assert b.usage.model_dump() == a.usage.model_dump()
+
+
+def test_a_repeated_long_prompt_hits_the_prefix_cache_as_without_speculation(servers):
+    question = "Count from one to twenty in words, separated by commas. " * 4
+
+    def chat(server):
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x")
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=40,
+            temperature=0, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+
+    plain, spec = servers
+    (a1, a2), (b1, b2) = (chat(plain), chat(plain)), (chat(spec), chat(spec))
+    for a, b in ((a1, b1), (a2, b2)):
+        assert b.choices[0].message.content == a.choices[0].message.content
+        assert b.usage.model_dump() == a.usage.model_dump()
+    # The second request resumes from the first one's prompt-end snapshot.
+    assert b2.usage.prompt_tokens_details.cached_tokens >= 64
+    assert b2.model_extra["timings"]["draft_n"] > 0
