@@ -79,10 +79,11 @@ def _same_up_to_ties(got: list[int], plain) -> None:
         return
 
 
-@pytest.mark.parametrize("device_sampling", [True, False])
-@pytest.mark.parametrize("lanes", [1, 3])
-@pytest.mark.parametrize("spec", ["mtp", "oracle"])
-def test_cuda_speculative_greedy_equals_plain(artifact, device_sampling, lanes, spec):
+@pytest.mark.parametrize(
+    ("spec", "device_sampling", "lanes"),
+    [("mtp", True, 3), ("oracle", True, 1), ("oracle", False, 3), ("mtp", False, 1)],
+)
+def test_cuda_speculative_greedy_equals_plain(artifact, spec, device_sampling, lanes):
     prompts = [_prompt(10 + i, 70 + 23 * i) for i in range(lanes)]
     capture = {} if device_sampling else {"capture_logits": True}
     plain_engine = _engine(artifact, device_sampling=device_sampling)
