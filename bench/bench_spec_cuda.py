@@ -4,9 +4,11 @@ The real Qwen3.6 27B hybrid shape (seeded random bf16 weights made on the device
 header-only artifact, MTP head included), batch 1, a --context-token prompt. Random weights make
 the MTP head's acceptance meaningless, so two measurements split the cost:
 
-- verification: a draft oracle proposes the recorded greedy continuation (every proposal
-  accepted), so each round verifies k + 1 positions, records the GDN state per position and
-  commits k + 1 tokens; ms per round = decode time / decode rounds.
+- verification: a draft oracle proposes the recorded greedy continuation, so each round
+  verifies k + 1 positions and records the GDN state per position; ms per round = decode
+  time / decode rounds. (On random weights the logits are nearly flat over 248k tokens, so
+  the verified rows, computed as one slice, round differently from single-token steps and
+  the proposals are mostly rejected; that changes what a round commits, not what it costs.)
 - MTP drafting: `--spec mtp` with k drafts (acceptance ~0 here), so each round also runs the
   MTP head k times (the full lm_head each time: no reduced proposal head yet).
 
@@ -120,7 +122,6 @@ def main() -> int:
         plain = decode(engine, prompt, args.tokens)
         assert plain["drafted"] == 0, plain
         oracle = decode(engine, prompt, args.tokens, draft_oracle=plain["tokens"])
-        assert oracle["tokens"] == plain["tokens"]
         engine.shutdown()
         del engine
         gc.collect()
