@@ -228,3 +228,15 @@ def test_a_repeated_long_prompt_hits_the_prefix_cache_as_without_speculation(ser
     # The second request resumes from the first one's prompt-end snapshot.
     assert b2.usage.prompt_tokens_details.cached_tokens >= 64
     assert b2.model_extra["timings"]["draft_n"] > 0
+
+
+def test_responses_api_equals_plain_decoding(servers):
+    def respond(server):
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x")
+        response = client.responses.create(
+            model=MODEL, input=PROMPTS[1], max_output_tokens=24, temperature=0, store=False
+        )
+        return response.output_text, response.usage.model_dump(), response.status
+
+    plain, spec = servers
+    assert respond(spec) == respond(plain)
