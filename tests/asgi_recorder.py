@@ -1,7 +1,9 @@
-"""An ASGI wrapper that records every HTTP exchange: what a client sent and the status it got.
+"""An ASGI wrapper that records every HTTP exchange: what a client sent, the status it got and
+the body it was answered with.
 
 Tests of real clients use it to check what reached the server (the tool results a client
-sends back, the query strings and headers it adds) without a proxy in between.
+sends back, the query strings and headers it adds) and what the server said (the tool calls
+it emitted, streamed or not) without a proxy in between.
 """
 
 from __future__ import annotations
@@ -19,9 +21,22 @@ class Exchange:
     headers: dict[str, str]
     body: bytearray = field(default_factory=bytearray)
     status: int | None = None
+    response: bytearray = field(default_factory=bytearray)
 
     def json(self) -> Any:
         return json.loads(self.body)
+
+    def events(self) -> list[Any]:
+        """The answer's JSON payloads: each SSE `data:` line of a stream (not `[DONE]`), or
+        the one JSON body of an answer that was not streamed."""
+        text = self.response.decode("utf-8", "replace")
+        if not text.lstrip().startswith(("event:", "data:", ":")):
+            return [json.loads(text)] if text.strip() else []
+        payloads = []
+        for line in text.splitlines():
+            if line.startswith("data:") and (data := line[5:].strip()) and data != "[DONE]":
+                payloads.append(json.loads(data))
+        return payloads
 
 
 class RecordingApp:
@@ -50,6 +65,8 @@ class RecordingApp:
         async def send_recorded(message: Any) -> None:
             if message["type"] == "http.response.start":
                 exchange.status = message["status"]
+            elif message["type"] == "http.response.body":
+                exchange.response += message.get("body", b"")
             await send(message)
 
         await self.app(scope, receive_recorded, send_recorded)

@@ -17,6 +17,7 @@ import pytest
 
 import agent_clients
 from agent_clients import API_KEY, AgentClient, ClientUnavailable, run_client
+from agent_tool_calls import audit_tool_calls
 from asgi_recorder import RecordingApp
 from ninfer.engine_types import EngineConfig
 from ninfer.prompt.builtin_templates import builtin_template
@@ -105,6 +106,15 @@ def all_answered(recorder: RecordingApp) -> None:
     assert not failed, failed
 
 
+def every_call_answered(recorder: RecordingApp, path: str, names: list[str]) -> None:
+    """The server emitted exactly the scripted calls, each well formed against the tools of
+    its request, and the client sent a result back for each one."""
+    audited = audit_tool_calls(recorder, path)
+    assert [call.name for call, _ in audited] == names, audited
+    unanswered = [call for call, result in audited if result is None]
+    assert not unanswered, unanswered
+
+
 def agent_bodies(recorder: RecordingApp, path: str) -> list[dict]:
     """The request bodies that carried tools (agent turns, not side requests)."""
     return [body for e in recorder.posts(path) if (body := e.json()).get("tools")]
@@ -132,6 +142,7 @@ def test_claude_code_writes_a_file_then_runs_a_command(server, script, recorder,
     tool_result_reached(engine, 1, str(target))  # "File created successfully at: ..."
     assert "notes.txt" in engine.tool_prompts()[2]  # the Bash call is in the history
     all_answered(recorder)
+    every_call_answered(recorder, "/v1/messages", ["Write", "Bash"])
     second = agent_bodies(recorder, "/v1/messages")[1]
     calls = [b for b in second["messages"][-2]["content"] if b["type"] == "tool_use"]
     results = [b for b in second["messages"][-1]["content"] if b["type"] == "tool_result"]
@@ -157,6 +168,7 @@ def test_qwen_code_writes_a_file_then_runs_a_command(server, script, recorder, t
     tool_result_reached(engine, 1, str(target))
     tool_result_reached(engine, 2, "HELLO FROM NINFER")  # the command's output came back
     all_answered(recorder)
+    every_call_answered(recorder, "/v1/chat/completions", ["write_file", "run_shell_command"])
     third = agent_bodies(recorder, "/v1/chat/completions")[2]
     assert third["stream"] is True
     calls = [c for m in third["messages"] for c in m.get("tool_calls") or []]
@@ -191,6 +203,7 @@ def test_codex_runs_commands(server, script, recorder, tmp_path):
     tool_result_reached(engine, 1, "Process exited with code 0")
     tool_result_reached(engine, 2, "ereh saw xedoc")
     all_answered(recorder)
+    every_call_answered(recorder, "/v1/responses", ["exec_command", "exec_command"])
     third = agent_bodies(recorder, "/v1/responses")[2]
     items = third["input"]
     calls = [i for i in items if i.get("type") == "function_call"]
