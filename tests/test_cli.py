@@ -23,6 +23,7 @@ from ninfer.server.options import (
     parse_args,
     process_sampling,
 )
+from ninfer.server.speculative_options import speculative_engine_fields
 from server_harness import free_port
 
 
@@ -101,8 +102,6 @@ def test_later_feature_flags_are_refused(flag, takes_value, feature, capsys):
     "argv",
     [
         ["--kv-dtype", "bf16"],
-        ["--spec", "off"],
-        ["--ngram-draft-tokens", "0"],
         ["--rope-yarn-factor", "1"],
         ["--ngram-archive-mib", "0"],
         ["--vision-offload", "off"],
@@ -116,12 +115,24 @@ def test_refused_features_accept_values_that_change_nothing(argv):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--kv-dtype", "fp8"], ["--spec", "mtp"], ["--kv-dtype"], ["--rope-yarn-factor", "4"]],
+    [["--kv-dtype", "fp8"], ["--ngram-archive-mib", "8"], ["--kv-dtype"],
+     ["--rope-yarn-factor", "4"]],
 )  # fmt: skip
 def test_refused_features_still_refuse_values_that_ask_for_them(argv, capsys):
     with pytest.raises(SystemExit):
         parse_args(["model.ninfer", *argv])
     assert f"{argv[0]} is not available in this build" in capsys.readouterr().err
+
+
+def test_spec_off_and_zero_ngram_drafts_are_ordinary_values_that_disable_speculation():
+    # Served features now: the spec's "off" spellings are plain values, not no-op notices.
+    args = parse_args(["model.ninfer", "--spec", "off", "--ngram-draft-tokens", "0"])
+    assert args.no_op_options == []
+    assert speculative_engine_fields(args) == {
+        "mtp_draft_tokens": 0,
+        "ngram_draft_tokens": 0,
+        "ngram_min_match": 12,
+    }
 
 
 def test_no_op_options_are_named_at_startup(tmp_path, caplog):

@@ -40,6 +40,29 @@ def test_rows_divide_summed_tokens_by_summed_seconds():
     assert session.last_ten() is None and len(lines) == 3
 
 
+def test_drafter_columns_split_model_and_ngram_work():
+    session = SessionStats()
+    tally = {"rounds": 10, "drafted_tokens": 30, "accepted_tokens": 20, "ngram_rounds": 4,
+             "ngram_drafted_tokens": 12, "ngram_accepted_tokens": 9}  # fmt: skip
+    fields = RequestSample.speculative_fields(tally)
+    assert fields == {"model_accepted": 11, "model_drafted": 18, "model_rounds": 6,
+                      "ngram_accepted": 9, "ngram_drafted": 12, "ngram_rounds": 4}  # fmt: skip
+    assert RequestSample.speculative_fields(None) == {}
+    session.add_completed(RequestSample(0.1, 10, 0, 0.5, 5, 1.0, 1.0, **fields))
+    session.add_completed(_sample(0.1, 10, 5, 1.0, 1.0))  # a request that never drafted
+    total = session.all_time
+    assert total.accepted_per_round == pytest.approx(11 / 6)  # n-gram rounds excluded
+    plain = render_rows(session, None)
+    assert plain[1].split() == ["TTFT", "cached", "prefill", "decode", "batch"]
+    lines = render_rows(session, None, drafter="MTP", ngram=True)
+    assert lines[1].split() == ["TTFT", "cached", "prefill", "decode", "batch", "MTP", "acc/rnd",
+                                "ngram", "ng", "rnds"]  # fmt: skip
+    assert all(len(line) == WIDTH + 19 + 18 for line in lines[1:])
+    assert lines[2].split()[-4:] == ["11/18", "1.83", "9/12", "4"]
+    mtp_only = render_rows(session, None, drafter="MTP")
+    assert len(mtp_only[2]) == WIDTH + 19 and mtp_only[2].split()[-2:] == ["11/18", "1.83"]
+
+
 def test_last_ten_row_once_more_than_ten_completed():
     session = SessionStats()
     for index in range(12):

@@ -157,6 +157,13 @@ py::dict stats_dict(const EngineStats& s) {
   d["submits_refused"] = s.submits_refused;
   d["recoveries_out_of_memory"] = s.recoveries_out_of_memory;
   d["recoveries_failed_step"] = s.recoveries_failed_step;
+  d["spec_rounds"] = s.spec_rounds;
+  d["spec_draft_tokens"] = s.spec_draft_tokens;
+  d["spec_accepted_tokens"] = s.spec_accepted_tokens;
+  d["spec_ngram_rounds"] = s.spec_ngram_rounds;
+  d["spec_ngram_draft_tokens"] = s.spec_ngram_draft_tokens;
+  d["spec_ngram_accepted_tokens"] = s.spec_ngram_accepted_tokens;
+  d["spec_fallback_steps"] = s.spec_fallback_steps;
   return d;
 }
 
@@ -176,7 +183,8 @@ SamplingParams make_sampling(float temperature, float top_p, int32_t top_k, floa
 EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t prefill_chunk, int32_t max_pending,
                            int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling,
                            int64_t kv_capacity, int64_t vram_headroom_mib, bool prefix_reuse, int32_t snapshot_slots,
-                           int32_t taps_per_request, int32_t tap_ladder, int32_t tap_min_gap) {
+                           int32_t taps_per_request, int32_t tap_ladder, int32_t tap_min_gap,
+                           int32_t mtp_draft_tokens, int32_t ngram_draft_tokens, int32_t ngram_min_match) {
   EngineOptions o;
   o.kv_capacity = kv_capacity;
   o.vram_headroom_mib = vram_headroom_mib;
@@ -185,6 +193,10 @@ EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t pre
   o.taps_per_request = taps_per_request;
   o.tap_ladder = tap_ladder;
   o.tap_min_gap = tap_min_gap;
+  o.spec.mtp_draft_tokens = mtp_draft_tokens;
+  o.spec.ngram_draft_tokens = ngram_draft_tokens;
+  o.spec.ngram_min_match = ngram_min_match;
+  if (auto problem = speculative_options_problem(o.spec); !problem.empty()) throw py::value_error(problem);
   o.device_sampling = device_sampling;
   o.max_concurrency = max_concurrency;
   o.max_context = max_context;
@@ -253,6 +265,23 @@ void bind_events(py::module_& m) {
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
       .def_property_readonly("decode_share_ms", [](const EngineEvent& e) { return e.timings.decode_share_ms; })
+      .def_property_readonly("speculative",
+                             [](const EngineEvent& e) -> py::object {
+                               const SpeculativeTally& t = e.speculative;
+                               if (!e.finished || (t.rounds == 0 && t.fallback_steps == 0)) return py::none();
+                               py::dict d;
+                               d["rounds"] = t.rounds;
+                               d["drafted_tokens"] = t.drafted;
+                               d["accepted_tokens"] = t.accepted;
+                               d["fallback_steps"] = t.fallback_steps;
+                               d["accepted_per_position"] = t.accepted_per_position;
+                               d["ngram_rounds"] = t.ngram_rounds;
+                               d["ngram_drafted_tokens"] = t.ngram_drafted;
+                               d["ngram_accepted_tokens"] = t.ngram_accepted;
+                               return d;
+                             })
+      .def_property_readonly("draft_n", [](const EngineEvent& e) { return e.timings.draft_n; })
+      .def_property_readonly("draft_n_accepted", [](const EngineEvent& e) { return e.timings.draft_n_accepted; })
       .def_property_readonly("error", [](const EngineEvent& e) -> py::object {
         if (e.error.empty()) return py::none();
         return py::str(e.error);
@@ -271,7 +300,8 @@ void bind_engine_class(py::module_& m) {
            py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("device_sampling") = true,
            py::arg("kv_capacity") = 0, py::arg("vram_headroom_mib") = 1024, py::arg("prefix_reuse") = true,
            py::arg("snapshot_slots") = 0, py::arg("taps_per_request") = -1, py::arg("tap_ladder") = 0,
-           py::arg("tap_min_gap") = 0)
+           py::arg("tap_min_gap") = 0, py::arg("mtp_draft_tokens") = 0, py::arg("ngram_draft_tokens") = 0,
+           py::arg("ngram_min_match") = 12)
       .def_readwrite("kv_capacity", &EngineOptions::kv_capacity)
       .def_readwrite("vram_headroom_mib", &EngineOptions::vram_headroom_mib)
       .def_readwrite("prefix_reuse", &EngineOptions::prefix_reuse)
@@ -285,7 +315,10 @@ void bind_engine_class(py::module_& m) {
       .def_readwrite("max_pending", &EngineOptions::max_pending)
       .def_readwrite("pending_timeout_ms", &EngineOptions::pending_timeout_ms)
       .def_readwrite("eos_ids", &EngineOptions::eos_ids)
-      .def_readwrite("device_sampling", &EngineOptions::device_sampling);
+      .def_readwrite("device_sampling", &EngineOptions::device_sampling)
+      .def_property_readonly("mtp_draft_tokens", [](const EngineOptions& o) { return o.spec.mtp_draft_tokens; })
+      .def_property_readonly("ngram_draft_tokens", [](const EngineOptions& o) { return o.spec.ngram_draft_tokens; })
+      .def_property_readonly("ngram_min_match", [](const EngineOptions& o) { return o.spec.ngram_min_match; });
 
   py::class_<PyEngine>(m, "Engine")
       .def_static(
@@ -329,7 +362,8 @@ void bind_engine_class(py::module_& m) {
              std::optional<CompileOutcome> constraint, int32_t constraint_start_after,
              const std::string& constraint_prefix,
              bool capture_logits, std::vector<int32_t> cache_candidates,
-             bool report_progress) {
+             bool report_progress,
+             std::vector<int32_t> draft_oracle) {
             GenerationParams p;
             p.prompt = std::move(prompt_ids);
             p.max_tokens = max_tokens;
@@ -345,6 +379,7 @@ void bind_engine_class(py::module_& m) {
             p.thinking.open_id = think_open_id;
             p.thinking.close_id = think_close_id;
             p.thinking.close_ids = std::move(thinking_close_ids);
+            p.draft_oracle = std::move(draft_oracle);
             if (constraint) {
               p.constraint = ConstraintRequest{constraint->constraint, constraint_start_after, constraint->cache,
                                                constraint->seconds, constraint_prefix};
@@ -362,7 +397,7 @@ void bind_engine_class(py::module_& m) {
           py::arg("thinking_close_ids") = std::vector<int32_t>{}, py::arg("constraint") = py::none(),
           py::arg("constraint_start_after") = -1, py::arg("constraint_prefix") = "",
           py::arg("capture_logits") = false, py::arg("cache_candidates") = std::vector<int32_t>{},
-          py::arg("report_progress") = false,
+          py::arg("report_progress") = false, py::arg("draft_oracle") = std::vector<int32_t>{},
           "thinking_budget >= 0 caps the tokens committed while thinking is open: then "
           "thinking_close_ids are committed without sampling (see engine/thinking_budget.h). "
           "constraint: a compiled grammar; tokens outside it are never sampled. "

@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "models/qwen3_5.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -36,10 +38,6 @@ class InjectedOutOfMemory : public std::bad_alloc {
  public:
   const char* what() const noexcept override { return "injected out-of-memory condition"; }
 };
-// The error of a constrained request whose output has no legal continuation (the server
-// matches the prefix).
-constexpr const char* kDeadEndError =
-    "constraint_dead_end: the output so far has no legal next token under its constraint";
 
 // One sampling thread per lane, up to the machine's hardware threads.
 int sampling_threads(int lanes) {
@@ -108,7 +106,18 @@ Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, Engin
   if (options_.pending_timeout_ms < 0)
     throw std::invalid_argument("pending_timeout_ms must not be negative");
   if (vocab_size_ < 1) throw std::invalid_argument("model reports an empty vocabulary");
-  logits_.resize(static_cast<size_t>(options_.max_concurrency * vocab_size_));
+  if (auto problem = speculative_options_problem(options_.spec); !problem.empty())
+    throw std::invalid_argument(problem);
+  if (options_.spec.mtp_draft_tokens > 0) {
+    mtp_ = dynamic_cast<MtpHead*>(model_.get());
+    if (!mtp_ || mtp_->mtp_layers() == 0)
+      throw std::invalid_argument("--spec mtp needs a model with an MTP head; the " + model_->info().architecture +
+                                  " artifact has none");
+    const int64_t tokens = options_.prefill_chunk + static_cast<int64_t>(options_.max_concurrency) *
+                                                        (1 + options_.spec.max_drafts());
+    hidden_.resize(static_cast<size_t>(tokens * model_->info().hidden_size));
+  }
+  logits_.resize(static_cast<size_t>(options_.max_concurrency * (1 + options_.spec.max_drafts()) * vocab_size_));
   worker_ = std::thread([this] { run(); });
 }
 
@@ -144,6 +153,8 @@ std::string Engine::validate(const GenerationParams& p) const {
     if (id < 0 || id >= vocab_size_)
       return "stop token id " + std::to_string(id) + " is outside the vocabulary (size " +
              std::to_string(vocab_size_) + ")";
+  for (int32_t id : p.draft_oracle)
+    if (id < 0 || id >= vocab_size_) return "draft oracle id " + std::to_string(id) + " is outside the vocabulary";
   for (const auto& stop : p.stop_strings)
     if (stop.empty()) return "stop strings must not be empty";
   const auto& t = p.thinking;
@@ -284,6 +295,13 @@ EngineStats Engine::stats(bool check_cache) const {
   s.submits_refused = submits_refused_.load();
   s.recoveries_out_of_memory = recoveries_out_of_memory_.load();
   s.recoveries_failed_step = recoveries_failed_step_.load();
+  s.spec_rounds = spec_rounds_.load();
+  s.spec_draft_tokens = spec_draft_tokens_.load();
+  s.spec_accepted_tokens = spec_accepted_tokens_.load();
+  s.spec_ngram_rounds = spec_ngram_rounds_.load();
+  s.spec_ngram_draft_tokens = spec_ngram_draft_tokens_.load();
+  s.spec_ngram_accepted_tokens = spec_ngram_accepted_tokens_.load();
+  s.spec_fallback_steps = spec_fallback_steps_.load();
   return s;
 }
 
@@ -324,8 +342,9 @@ bool Engine::mask_constrained_row(Sequence& seq, std::span<float> logits) const 
   return true;
 }
 
-std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq) const {
-  if (static_cast<int32_t>(seq.output.size()) >= seq.params.min_tokens) return {};
+// `ahead`: the row samples the token that many positions after the committed output.
+std::vector<int32_t> Engine::suppressed_ids(const Sequence& seq, size_t ahead) const {
+  if (static_cast<int64_t>(seq.output.size() + ahead) >= seq.params.min_tokens) return {};
   std::vector<int32_t> ids = seq.params.stop_token_ids;
   if (!seq.params.ignore_eos) ids.insert(ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
   return ids;
@@ -352,6 +371,8 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
       event.timings.decode_share_ms = seq.decode_share_ms;
     }
   }
+  event.timings.draft_n = seq.draft_n;
+  event.timings.draft_n_accepted = seq.draft_n_accepted;
   return event;
 }
 
@@ -360,6 +381,7 @@ void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) cons
   event.finished = true;
   event.finish_reason = reason;
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
+  event.speculative = seq.spec_tally;
   if (seq.constraint) event.constraint = seq.constraint->settle();
   count_outcome(event);
 }
@@ -443,7 +465,9 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
     prompt_tokens_cached_.fetch_add(static_cast<uint64_t>(seq->cached_tokens), std::memory_order_relaxed);
     events.push_back(base_event(*seq, EventKind::Admitted));
   }
+  if (speculating()) choose_drafts();
   scheduler_.plan(step_);
+  step_.batch.hidden_out = mtp_ ? hidden_.data() : nullptr;
   int32_t prefilling = 0, decode_ready = 0;
   for (const Sequence* seq : scheduler_.resident()) {
     if (seq->phase == Phase::Prefilling) ++prefilling;
@@ -499,6 +523,7 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
       for (int32_t i = 0; i < step_.decode_rows; ++i) step_.rows[static_cast<size_t>(i)]->decode_share_ms += share;
     }
     commit_step(events, done, on_device);
+    if (mtp_) draft_with_mtp(done);
   }
   if (done.empty()) return;
   std::lock_guard lock(mu_);
@@ -511,35 +536,55 @@ void Engine::plan_device_sampling() {
   std::vector<int32_t> tokens, counts;
   std::vector<uint32_t> mask;
   for (size_t i = 0; i < step_.rows.size(); ++i) {
-    if (!step_.batch.slices[i].wants_logits) continue;
+    const SeqSlice& slice = step_.batch.slices[i];
+    if (!slice.wants_logits) continue;
     Sequence& seq = *step_.rows[i];
     const SamplingParams& p = seq.params.sampling;
-    RowSampling row;
-    row.temperature = p.temperature;
-    row.top_p = p.top_p;
-    row.min_p = p.min_p;
-    row.presence_penalty = p.presence_penalty;
-    row.frequency_penalty = p.frequency_penalty;
-    row.top_k = p.top_k;
-    // A forced thinking-close token draws nothing, as on the host path.
-    row.uniform = p.temperature > 0.0f && !seq.thinking.forcing_next() ? seq.sampler.next_draw() : 0.0;
-    tokens.clear();
-    counts.clear();
-    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-      for (const auto& [token, count] : seq.output_counts) {
-        tokens.push_back(token);
-        counts.push_back(count);
+    // Row r of a verified slice samples the token after r of the proposals: its penalties
+    // count them as if committed, min_tokens counts its own position, and its grammar mask is
+    // the matcher's after them (advanced here, rolled back below).
+    TokenCounts ahead;
+    int advanced = 0;
+    bool off_grammar = false;  // a proposal the grammar rejects: later rows are never committed
+    for (int32_t r = 0; r < slice.logit_rows(); ++r) {
+      if (r > 0) ++ahead[seq.drafts[static_cast<size_t>(r - 1)]];
+      RowSampling row;
+      row.temperature = p.temperature;
+      row.top_p = p.top_p;
+      row.min_p = p.min_p;
+      row.presence_penalty = p.presence_penalty;
+      row.frequency_penalty = p.frequency_penalty;
+      row.top_k = p.top_k;
+      // A forced thinking-close token draws nothing, as on the host path.
+      const bool draws = p.temperature > 0.0f && !seq.thinking.forcing_next();
+      row.uniform = !draws ? 0.0 : speculating() ? peek_draw(seq, static_cast<size_t>(r)) : seq.sampler.next_draw();
+      tokens.clear();
+      counts.clear();
+      if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+        TokenCounts merged = seq.output_counts;
+        for (const auto& [token, count] : ahead) merged[token] += count;
+        for (const auto& [token, count] : merged) {
+          tokens.push_back(token);
+          counts.push_back(count);
+        }
+      }
+      // A constrained row's mask goes up with the batch; the device sampler applies it.
+      mask.clear();
+      bool dead_end = false;
+      if (seq.constrained_now() && !off_grammar) {
+        mask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
+        dead_end = seq.constraint->fill_next_mask(mask) == 0;
+      }
+      dead_ends_.push_back(dead_end ? 1 : 0);
+      sampling_.add_row(row, tokens, counts, suppressed_ids(seq, static_cast<size_t>(r)), mask);
+      // choose_drafts keeps a constraint's start token out of the proposals, so an inactive
+      // constraint stays inactive over the whole round.
+      if (r + 1 < slice.logit_rows() && seq.constrained_now() && !off_grammar) {
+        if (seq.constraint->accept(seq.drafts[static_cast<size_t>(r)])) ++advanced;
+        else off_grammar = true;
       }
     }
-    // A constrained row's mask goes up with the batch; the device sampler applies it.
-    mask.clear();
-    bool dead_end = false;
-    if (seq.constrained_now()) {
-      mask.resize(static_cast<size_t>(seq.constraint->bitmask_words()));
-      dead_end = seq.constraint->fill_next_mask(mask) == 0;
-    }
-    dead_ends_.push_back(dead_end ? 1 : 0);
-    sampling_.add_row(row, tokens, counts, suppressed_ids(seq), mask);
+    if (advanced > 0) seq.constraint->rollback(advanced);
   }
   sampled_ids_.assign(sampling_.rows.size(), kSampledNothing);
 }
@@ -548,6 +593,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   const auto now = EngineClock::now();
   struct Row {
     Sequence* seq;
+    const SeqSlice* slice;
     int logit_row;  // -1: the slice asked for no logits
     EngineEvent event;
   };
@@ -557,11 +603,13 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   for (size_t i = 0; i < step_.rows.size(); ++i) {
     Sequence& seq = *step_.rows[i];
     const SeqSlice& slice = step_.batch.slices[i];
-    const int logit_row = slice.wants_logits ? logit_rows++ : -1;
+    seq.round_committed = 0;
+    const int logit_row = slice.wants_logits ? logit_rows : -1;
+    logit_rows += slice.logit_rows();
     seq.cached += slice.num_tokens;
-    cache_step(seq);
+    if (!slice.keep_states) cache_step(seq);  // a verified row publishes after settle_round
     if (seq.cancel_requested) {
-      rows.push_back({&seq, -1, base_event(seq, EventKind::Output)});
+      rows.push_back({&seq, &slice, -1, base_event(seq, EventKind::Output)});
       finish(seq, rows.back().event, FinishReason::Cancelled);
       continue;
     }
@@ -575,7 +623,7 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
       seq.prefilled = now;
     }
     seq.last_commit = now;
-    rows.push_back({&seq, logit_row, base_event(seq, EventKind::Output)});
+    rows.push_back({&seq, &slice, logit_row, base_event(seq, EventKind::Output)});
     if (logit_row < 0) finish(seq, rows.back().event, FinishReason::Length);  // max_tokens 0: prompt only
   }
   cache_lock.unlock();
@@ -584,42 +632,14 @@ void Engine::commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*
   sampling_pool_.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t r) {
     Row& row = rows[static_cast<size_t>(r)];
     if (row.event.finished) return;
-    Sequence& seq = *row.seq;
-    try {
-      int32_t token = 0;
-      if (auto forced = seq.thinking.next_forced()) {
-        token = *forced;  // the thinking budget closes thinking: committed without sampling
-      } else if (sampled_on_device) {
-        token = sampled_ids_[static_cast<size_t>(row.logit_row)];
-        if (token < 0 && dead_ends_[static_cast<size_t>(row.logit_row)]) {
-          finish(seq, row.event, FinishReason::Error);
-          row.event.error = kDeadEndError;
-          return;
-        }
-        if (token < 0) throw std::runtime_error(sampled_code_error(token));
-        if (token >= vocab_size_) throw std::runtime_error("the device sampler chose id " + std::to_string(token) +
-                                                           ", outside the vocabulary");
-      } else {
-        const std::span<float> logits(logits_.data() + static_cast<int64_t>(row.logit_row) * vocab_size_,
-                                      static_cast<size_t>(vocab_size_));
-        if (seq.params.capture_logits) row.event.logits.assign(logits.begin(), logits.end());
-        if (seq.constrained_now() && !mask_constrained_row(seq, logits)) {
-          finish(seq, row.event, FinishReason::Error);
-          row.event.error = kDeadEndError;
-          return;
-        }
-        token = seq.sampler.sample(logits, seq.output_counts, suppressed_ids(seq));
-      }
-      if (seq.constraint && !seq.constraint->accept(token))
-        throw std::runtime_error("the grammar rejected sampled token " + std::to_string(token));
-      tokens_decoded_.fetch_add(1, std::memory_order_relaxed);
-      if (!seq.output.empty()) decode_tokens_.fetch_add(1, std::memory_order_relaxed);
-      commit_token(seq, token, row.event);
-    } catch (const std::exception& e) {
-      finish(seq, row.event, FinishReason::Error);
-      row.event.error = std::string("sampling failed: ") + e.what();
-    }
+    commit_row(*row.seq, *row.slice, row.logit_row, row.event, sampled_on_device);
   });
+
+  // Verified rows keep the state of their accepted prefix (a backend call: one row at a time).
+  cache_lock.lock();
+  for (auto& row : rows)
+    if (row.slice->keep_states && row.seq->round_committed > 0) settle_round(*row.seq, *row.slice);
+  cache_lock.unlock();
 
   for (auto& row : rows) {
     if (row.event.finished) done.push_back(row.seq);
@@ -733,7 +753,8 @@ void Engine::cache_step(Sequence& seq) {
   if (seq.phase == Phase::Prefilling) {
     if (seq.taps.empty() || seq.taps.front() != seq.cached) return;
     seq.taps.erase(seq.taps.begin());
-  } else if (seq.phase == Phase::Decoding) {
+  } else if (seq.phase == Phase::Decoding || seq.phase == Phase::Finished) {
+    // (Finished: a speculative round that ended the request settles after its commit.)
     // Decode endpoints roll: the state at the request's latest block boundary, so the next
     // turn of a conversation resumes near where this answer ended.
     endpoint = true;

@@ -30,6 +30,25 @@
 
 namespace ninfer {
 
+class MtpHead;
+
+// The error of a constrained request whose output has no legal continuation (the server
+// matches the prefix).
+inline constexpr const char* kDeadEndError =
+    "constraint_dead_end: the output so far has no legal next token under its constraint";
+
+// Speculative decoding (docs/engine.md): proposals verified in one target traversal per round.
+struct SpeculativeOptions {
+  int32_t mtp_draft_tokens = 0;    // MTP head proposals per round, 1..5; 0 = no MTP drafting
+  int32_t ngram_draft_tokens = 0;  // n-gram copy proposals per round, 1..63; 0 = none
+  int32_t ngram_min_match = 12;    // matched suffix tokens an n-gram proposal needs, 4..64
+  bool enabled() const { return mtp_draft_tokens > 0 || ngram_draft_tokens > 0; }
+  int32_t max_drafts() const { return mtp_draft_tokens > ngram_draft_tokens ? mtp_draft_tokens : ngram_draft_tokens; }
+};
+
+// Why a SpeculativeOptions is unusable ("" when it is fine).
+std::string speculative_options_problem(const SpeculativeOptions& spec);
+
 struct EngineOptions {
   int max_concurrency = 1;         // resident lanes, 1..8
   int32_t max_context = 0;         // per-request ceiling on prompt + output tokens (> 0)
@@ -39,6 +58,7 @@ struct EngineOptions {
   std::vector<int32_t> eos_ids;    // end-of-sequence ids of the model (merged)
   bool device_sampling = true;     // sample on the model's device when it can (only the
                                    // chosen ids come back); false keeps host sampling
+  SpeculativeOptions spec;
   // Shared KV pool, in tokens: 0 = auto (the memory the model leaves, less the headroom).
   int64_t kv_capacity = 0;
   int64_t vram_headroom_mib = 1024;  // auto: memory left free after sizing the pool
@@ -112,6 +132,15 @@ struct EngineStats {
   uint64_t submits_refused = 0;  // overloaded or unavailable at submit (never accepted)
   uint64_t recoveries_out_of_memory = 0;  // failed units of work the engine carried on after
   uint64_t recoveries_failed_step = 0;
+  // Speculative rounds: decode rows that verified proposals, the proposals, the accepted ones;
+  // the ngram_* counters are the part whose proposals were n-gram copies.
+  uint64_t spec_rounds = 0;
+  uint64_t spec_draft_tokens = 0;
+  uint64_t spec_accepted_tokens = 0;
+  uint64_t spec_ngram_rounds = 0;
+  uint64_t spec_ngram_draft_tokens = 0;
+  uint64_t spec_ngram_accepted_tokens = 0;
+  uint64_t spec_fallback_steps = 0;  // decode rows of a speculating engine with nothing to verify
 };
 
 // What a prefix cache file save or load did.
@@ -186,6 +215,18 @@ class Engine {
   // device), applies stops. Thread-safe per row, so rows are committed on the sampling pool.
   void commit_step(std::vector<EngineEvent>& events, std::vector<Sequence*>& done, bool sampled_on_device);
   void commit_token(Sequence& seq, int32_t token, EngineEvent& event) const;
+  // One decode or prefill row's commit: samples its logit rows in order and commits tokens
+  // until a proposal is rejected or the request finishes (engine_speculation.cpp).
+  void commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, EngineEvent& event, bool sampled_on_device);
+  // The next round's proposals of every decoding request (n-gram, or the MTP head's).
+  void choose_drafts();
+  // After a committed step: the MTP head reads the step's hidden states and drafts ahead.
+  void draft_with_mtp(const std::vector<Sequence*>& done);
+  double peek_draw(Sequence& seq, size_t index) const;
+  bool speculating() const { return options_.spec.enabled(); }
+  // mu_ held, after a verified row committed: the lane keeps its accepted prefix (KV length,
+  // pages past it returned, recurrent state rolled back), and the cache sees only that prefix.
+  void settle_round(Sequence& seq, const SeqSlice& slice);
   // mu_ held: the admitted request's cached prefix (pages, and the state snapshot on a hybrid
   // model) and, at its first admission, its prefill taps.
   void restore_prefix(Sequence& seq);
@@ -194,7 +235,8 @@ class Engine {
   void cache_step(Sequence& seq);
   // The ceiling of prompt + output: max_context, or the KV pool when it is smaller.
   int32_t context_ceiling() const;
-  std::vector<int32_t> suppressed_ids(const Sequence& seq) const;
+  // `ahead`: the row samples the token that many positions after the committed output.
+  std::vector<int32_t> suppressed_ids(const Sequence& seq, size_t ahead = 0) const;
   bool is_eos(int32_t token) const;
   // Masks `logits` with the sequence's grammar; false at a dead end (no token allowed).
   bool mask_constrained_row(Sequence& seq, std::span<float> logits) const;
@@ -228,6 +270,9 @@ class Engine {
   std::vector<float> logits_;  // worker only
   SamplingBatch sampling_;     // worker only: this step's rows, when sampled on the device
   std::vector<int32_t> sampled_ids_;  // worker only: their chosen ids (or kSampled* codes)
+  MtpHead* mtp_ = nullptr;            // the model's draft head when MTP drafting is on
+  std::vector<float> hidden_;         // worker only: the step's final-normed hidden states
+  std::vector<float> mtp_logits_, mtp_hidden_;  // worker only: MTP head outputs
   std::vector<uint8_t> dead_ends_;    // worker only: rows whose grammar mask allowed nothing
   int consecutive_failures_ = 0;  // worker only
 
@@ -244,6 +289,8 @@ class Engine {
   mutable std::atomic<uint64_t> finished_stop_{0}, finished_length_{0}, finished_cancelled_{0},
       finished_error_{0}, queue_timeouts_{0}, submits_refused_{0};
   std::atomic<uint64_t> recoveries_out_of_memory_{0}, recoveries_failed_step_{0};
+  mutable std::atomic<uint64_t> spec_rounds_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0},
+      spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0}, spec_fallback_steps_{0};
   std::atomic<int> injected_failures_{0};
   std::atomic<bool> injected_out_of_memory_{false};
 

@@ -29,6 +29,20 @@ struct RequestTimings {
   double prompt_ms = 0;     // lane -> prefill done
   double predicted_ms = 0;  // prefill done -> last commit
   double decode_share_ms = 0;  // the request's share of its decode rounds (see Sequence)
+  int32_t draft_n = 0;           // speculative proposals verified so far
+  int32_t draft_n_accepted = 0;  // of which accepted
+};
+
+// A request's speculative work so far (carried by its finished event, for the request log).
+struct SpeculativeTally {
+  int32_t rounds = 0;          // decode rows that verified proposals
+  int32_t drafted = 0;         // proposals verified
+  int32_t accepted = 0;        // of which accepted
+  int32_t ngram_rounds = 0;    // the part whose proposals were n-gram copies
+  int32_t ngram_drafted = 0;
+  int32_t ngram_accepted = 0;
+  int32_t fallback_steps = 0;  // decode rows with nothing to verify
+  std::vector<int32_t> accepted_per_position;  // [i]: rounds whose proposal i was accepted
 };
 
 struct EngineEvent {
@@ -47,6 +61,7 @@ struct EngineEvent {
   int32_t completion_tokens = 0;
   RequestTimings timings;
   std::string error;  // FinishReason::Error
+  SpeculativeTally speculative;  // finished events only
   std::optional<ConstraintStats> constraint;  // constrained requests, on the finished event
   std::vector<float> logits;  // GenerationParams::capture_logits: [token_ids.size(), vocab]
 };

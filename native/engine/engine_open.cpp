@@ -69,7 +69,10 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   ModelOptions model_options;
   model_options.snapshot_slots = options.prefix_reuse ? options.snapshot_slots : 0;
   model_options.max_lanes = options.max_concurrency;
-  model_options.max_batch_tokens = options.prefill_chunk + options.max_concurrency;
+  // A speculative round feeds each decoding lane its last token plus its proposals.
+  const int32_t verify = 1 + options.spec.max_drafts();
+  model_options.max_batch_tokens = options.prefill_chunk + options.max_concurrency * verify;
+  model_options.max_verify_tokens = options.spec.enabled() ? verify : 0;
   model_options.threads = runtime.threads;
   model_options.device = runtime.device;
   model_options.random_weights_seed = runtime.random_weights_seed;

@@ -48,6 +48,9 @@ struct GenerationParams {
   // block boundary at or before each. Out-of-range values are ignored.
   std::vector<int32_t> cache_candidates;
   ThinkingBudgetParams thinking;  // an optional thinking-token cap (thinking_budget.h)
+  // Tests of speculative rounds: with speculation on, each round proposes the next tokens of
+  // this known continuation (output position i proposes draft_oracle[i]) instead of drafting.
+  std::vector<int32_t> draft_oracle;
   std::optional<ConstraintRequest> constraint;  // tokens outside the grammar are never sampled
   bool report_progress = false;  // a PromptProgress event after each prefill chunk that leaves more prompt
 };

@@ -119,6 +119,8 @@ void Scheduler::pause(Sequence& seq) {
   seq.cached = 0;
   seq.taps.clear();
   seq.endpoint_key = 0;
+  seq.drafts.clear();  // the MTP head drafts again after the replay's last chunk
+  seq.mtp_drafts.clear();
   seq.phase = Phase::Pending;
   ++seq.pauses;
   ++pauses_;
@@ -183,6 +185,16 @@ void Scheduler::plan(StepPlan& step) {
     if (seq->phase == Phase::Prefilling) budget -= count;
   }
 
+  // Proposals only use pages every unit left free, so speculation never evicts or pauses.
+  for (const Unit& u : units) {
+    Sequence& seq = *u.seq;
+    if (seq.phase == Phase::Decoding && !seq.drafts.empty() &&
+        !reserve_free(seq, seq.cached + u.count + static_cast<int32_t>(seq.drafts.size())))
+      seq.drafts.clear();  // no room for the proposals: a plain decode step
+  }
+  for (Sequence* seq : resident())
+    if (seq->phase != Phase::Decoding) seq->drafts.clear();  // paused or not decoding: no round
+
   auto add_slice = [&](Sequence& seq, const int32_t* tokens, int32_t count, bool wants_logits) {
     SeqSlice slice;
     slice.lane = seq.lane;
@@ -196,8 +208,17 @@ void Scheduler::plan(StepPlan& step) {
     step.rows.push_back(&seq);
   };
   for (const Unit& u : units) {
-    if (u.seq->phase != Phase::Decoding) continue;
-    add_slice(*u.seq, &u.seq->output.back(), 1, true);
+    Sequence& seq = *u.seq;
+    if (seq.phase != Phase::Decoding) continue;
+    add_slice(seq, &seq.output.back(), 1, true);
+    if (!seq.drafts.empty()) {  // a speculative round: verify every proposal in this traversal
+      SeqSlice& slice = step.batch.slices.back();
+      const auto count = static_cast<int32_t>(seq.drafts.size());
+      slice.num_tokens += count;
+      slice.all_logits = true;
+      slice.keep_states = true;
+      step.tokens.insert(step.tokens.end(), seq.drafts.begin(), seq.drafts.end());
+    }
     ++step.decode_rows;
   }
   for (const Unit& u : units) {
@@ -209,6 +230,24 @@ void Scheduler::plan(StepPlan& step) {
     step.prefill_tokens += u.count;
   }
   step.batch.tokens = step.tokens;
+}
+
+bool Scheduler::reserve_free(Sequence& seq, int32_t tokens) {
+  const int64_t needed = (tokens + kPageTokens - 1) / kPageTokens;
+  const int64_t missing = needed - static_cast<int64_t>(seq.pages.size());
+  if (missing <= 0) return true;
+  if (pool_.free_pages() < missing) return false;
+  auto pages = pool_.allocate(missing);
+  seq.pages.insert(seq.pages.end(), pages->begin(), pages->end());
+  return true;
+}
+
+void Scheduler::truncate(Sequence& seq, int32_t tokens) {
+  const auto keep = static_cast<size_t>(std::max<int64_t>((tokens + kPageTokens - 1) / kPageTokens, seq.chain.blocks));
+  if (seq.pages.size() <= keep) return;
+  std::vector<int32_t> extra(seq.pages.begin() + static_cast<ptrdiff_t>(keep), seq.pages.end());
+  seq.pages.resize(keep);
+  pool_.release(extra);
 }
 
 void Scheduler::release(Sequence& seq) {

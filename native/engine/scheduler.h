@@ -4,7 +4,10 @@
 // sampled token, then prefilling lanes (oldest first) share a budget of `prefill_chunk` prompt
 // tokens; a prefill slice also ends at the sequence's next planned snapshot tap. A request
 // starts decoding on the step after its prefill completes; a finished request leaves its lane
-// at the boundary where the engine releases it, so the next plan has no empty row.
+// at the boundary where the engine releases it, so the next plan has no empty row. A decoding
+// lane with speculative proposals feeds them after its token (one verified slice); their
+// extra pages come only from free pages, never by evicting or pausing: without room the lane
+// decodes one token that step.
 //
 // Memory: the KV pool is shared and smaller than lanes x max_context in general. Before a
 // step, each resident sequence (oldest first) reserves the pages its unit needs; when the pool
@@ -69,6 +72,12 @@ class Scheduler {
   // the step writes into (evicting cached blocks, then pausing younger requests). Throws
   // std::runtime_error if even the oldest request alone cannot grow.
   void plan(StepPlan& step);
+  // Pages covering the sequence's first `tokens` positions from free pages only (the MTP head
+  // drafts ahead of the next plan); false, taking nothing, when the pool has too few free.
+  bool reserve_free(Sequence& seq, int32_t tokens);
+  // Returns the sequence's pages past its first `tokens` positions (a rejected proposal's
+  // positions). Pages of published blocks are never past the committed length.
+  void truncate(Sequence& seq, int32_t tokens);
   // Frees the lane and returns the sequence's pages.
   void release(Sequence& seq);
 

@@ -8,12 +8,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "engine/engine_event.h"
 #include "engine/constraint_matcher.h"
 #include "cache/prefix_cache.h"
 #include "engine/generation_params.h"
+#include "engine/ngram_drafter.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "engine/thinking_budget.h"
@@ -85,6 +89,21 @@ struct Sequence {
   // This request's part of its decode rounds' time: a round's duration is split evenly over
   // the tokens it computed, so concurrent requests' shares add up to the wall time.
   double decode_share_ms = 0;
+
+  // Speculative decoding (engine_speculation.cpp). A decode row verifies `drafts` after
+  // output.back(); the round commits the accepted prefix plus one sampled token.
+  std::vector<int32_t> drafts;       // this round's proposals (empty: a plain decode row)
+  bool drafts_from_ngram = false;
+  std::vector<int32_t> mtp_drafts;   // the MTP head's proposals for the next round
+  bool mtp_failed = false;           // the head failed for this request: no more MTP drafts
+  std::unique_ptr<NgramDrafter> ngram;
+  // Uniform draws peeked by a round and not yet used: token n always uses draw n, so a seeded
+  // request samples the same tokens whatever was drafted.
+  std::deque<double> draws;
+  int32_t round_committed = 0;  // tokens the last step committed for this request
+  int32_t draft_n = 0;           // proposals verified / accepted over the request
+  int32_t draft_n_accepted = 0;
+  SpeculativeTally spec_tally;
 
   std::atomic<bool> cancel_requested{false};
 };

@@ -196,6 +196,7 @@ void LlamaModel::allocate_activations() {
 }
 
 void LlamaModel::check_plan(const BatchPlan& plan) const {
+  if (plan.hidden_out) throw std::invalid_argument("the " + info_.architecture + " model has no draft head (hidden_out)");
   int64_t total = 0;
   for (const auto& s : plan.slices) {
     if (s.lane < 0 || s.lane >= options_.max_lanes)

@@ -45,12 +45,18 @@ struct SeqSlice {
   bool wants_logits = false;       // produce logits for the slice's last token
   bool all_logits = false;         // produce logits for every token of the slice, in order
                                    // (speculative verification, tests); implies wants_logits
+  // Speculative verification: the model keeps what it needs to roll the lane back to any
+  // prefix of this slice (recurrent state per position); the engine then calls keep_prefix.
+  bool keep_states = false;
   int32_t logit_rows() const { return all_logits ? num_tokens : (wants_logits ? 1 : 0); }
 };
 
 struct BatchPlan {
   std::span<const int32_t> tokens;  // all slices' tokens, slice after slice
   std::vector<SeqSlice> slices;
+  // When not null (host memory, [tokens.size(), hidden_size]): the final-normed hidden state of
+  // every token, the input of the MTP draft head. Models without one throw.
+  float* hidden_out = nullptr;
   // Rows of logits the plan asks for; they are written in slice order.
   // Every slice is one decode token: the step a backend may capture and replay as a graph.
   bool single_token_slices() const {
@@ -79,6 +85,14 @@ class Model {
   virtual void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids);
   // Clears any per-lane state that is not in KV pages (recurrent state of hybrid models).
   virtual void reset_lane(int lane) {}
+  // After a forward whose slice for `lane` had keep_states: the lane keeps only its first
+  // `length` positions (start_pos < length <= start_pos + num_tokens), as if the slice had held
+  // only the tokens before `length`. K/V past it stay in the pages but are rewritten before
+  // anything reads them; recurrent state goes back to the state after position length - 1.
+  virtual void keep_prefix(int lane, int32_t length) {
+    (void)lane;
+    (void)length;
+  }
 
   // --- prefix reuse (engine/prefix cache) -------------------------------------------------
   // Whether a lane has state outside its KV pages (the recurrent state of hybrid models). A
@@ -111,6 +125,7 @@ struct ModelOptions {
   int max_lanes = 1;               // resident lanes the engine will use (state slots)
   int max_batch_tokens = 512;      // largest BatchPlan::tokens.size() the engine will send
   int threads = 0;                 // CPU worker threads; 0 = all cores
+  int max_verify_tokens = 0;       // widest keep_states slice (speculative rounds); 0 = none
   int snapshot_slots = 0;          // recurrent-state snapshot slots (hybrid models; prefix cache)
   std::string device = "cpu";      // "cpu" or "cuda[:N]"
   // When >= 0, no weight is read from the artifact (only its header): every weight is made by

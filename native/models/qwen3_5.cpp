@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "artifact/artifact.h"
@@ -62,6 +63,7 @@ struct Layer {
 struct LaneRows {
   int lane = 0;
   int32_t row_begin = 0, num_tokens = 0;
+  bool keep_states = false;  // write the per-token state history (speculative verification)
 };
 
 struct StepLayout {
@@ -92,6 +94,7 @@ class Qwen35Model final : public Model, public MtpHead {
   bool samples_on_device() const override { return backend_->samples_on_device(); }
   void forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) override;
   void reset_lane(int lane) override;
+  void keep_prefix(int lane, int32_t length) override;
   bool has_recurrent_state() const override { return lane_state_floats() > 0; }
   int snapshot_slots() const override { return has_recurrent_state() ? options_.snapshot_slots : 0; }
   void save_snapshot(int lane, int slot) override;
@@ -103,6 +106,8 @@ class Qwen35Model final : public Model, public MtpHead {
   int64_t mtp_layers() const override { return cfg_.mtp_layers; }
   void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
                    float* hidden_out) override;
+  void forward_mtp_rows(const BatchPlan& plan, const float* hidden_prev, int step, std::span<const int32_t> rows,
+                        float* logits, float* hidden_out) override;
 
  private:
   bool random_weights() const { return options_.random_weights_seed >= 0; }
@@ -122,10 +127,23 @@ class Qwen35Model final : public Model, public MtpHead {
   float* ssm_state(int lane, int64_t gdn_index) const {
     return conv_state(lane, gdn_index) + cfg_.gdn.conv_state_floats();
   }
+  // Speculative verification: each GDN layer's conv and recurrent state after every token of
+  // a keep_states slice, [lanes, gdn layers, W conv states | W ssm states] with W =
+  // max_verify_tokens, so keep_prefix can go back to any accepted length by one copy.
+  int64_t lane_history_floats() const { return options_.max_verify_tokens * lane_state_floats(); }
+  float* conv_history(int lane, int64_t gdn_index) const {
+    const int64_t w = options_.max_verify_tokens;
+    return history_.data() + lane * lane_history_floats() +
+           gdn_index * w * (cfg_.gdn.conv_state_floats() + cfg_.gdn.ssm_state_floats());
+  }
+  float* ssm_history(int lane, int64_t gdn_index) const {
+    return conv_history(lane, gdn_index) + options_.max_verify_tokens * cfg_.gdn.conv_state_floats();
+  }
 
   // Enqueues the step (lanes marked mid-step); its logits stay in logits_ (backend memory).
   // Returns their row count, or -1 for a plan without tokens (nothing enqueued).
   int64_t enqueue_step(const BatchPlan& plan);
+  void finish_step(const BatchPlan& plan);
   const TensorView& checked(const std::string& name, const std::vector<int64_t>& shape) const;
   Weight matrix(const std::string& name, int64_t rows, int64_t cols);
   Weight stacked(const std::string& name, const std::vector<int64_t>& shape);
@@ -169,6 +187,9 @@ class Qwen35Model final : public Model, public MtpHead {
   Buffer state_;                    // [lanes, gdn layers, conv state | ssm state]
   Buffer snapshots_;                // [snapshot slots, gdn layers, conv state | ssm state]
   std::vector<int64_t> lane_pos_;   // tokens a lane's state has absorbed; -1 after a failed step
+  Buffer history_;                  // see conv_history
+  // The lane's last keep_states slice (start, tokens), until keep_prefix; tokens 0 = none.
+  std::vector<std::pair<int32_t, int32_t>> verified_;
 
   Buffer hidden_, normed_, branch_;
   Buffer q_proj_, q_, gate_, k_, v_, attn_;
@@ -376,6 +397,9 @@ void Qwen35Model::allocate() {
     b.fill_zero(state_.data(), state_floats);
   }
   lane_pos_.assign(static_cast<size_t>(options_.max_lanes), 0);
+  verified_.assign(static_cast<size_t>(options_.max_lanes), {0, 0});
+  if (options_.max_verify_tokens > 0 && lane_state_floats() > 0)
+    history_ = b.alloc(static_cast<int64_t>(options_.max_lanes) * lane_history_floats());
   if (state_floats > 0 && options_.snapshot_slots > 0)
     snapshots_ = b.alloc(static_cast<int64_t>(options_.snapshot_slots) * lane_state_floats());
 }
@@ -423,6 +447,32 @@ void Qwen35Model::reset_lane(int lane) {
                                 std::to_string(options_.max_lanes) + ")");
   if (lane_state_floats() > 0) backend_->fill_zero(conv_state(lane, 0), lane_state_floats());
   lane_pos_[static_cast<size_t>(lane)] = 0;
+  verified_[static_cast<size_t>(lane)] = {0, 0};
+}
+
+void Qwen35Model::keep_prefix(int lane, int32_t length) {
+  if (lane < 0 || lane >= options_.max_lanes)
+    throw std::invalid_argument("keep_prefix: lane " + std::to_string(lane) + " is outside [0, " +
+                                std::to_string(options_.max_lanes) + ")");
+  const auto& [start, tokens] = verified_[static_cast<size_t>(lane)];
+  const int64_t pos = lane_pos_[static_cast<size_t>(lane)];
+  if (tokens == 0 || pos <= start || pos > start + tokens)
+    throw std::invalid_argument("keep_prefix: lane " + std::to_string(lane) + " has no verified slice to roll back");
+  if (length <= start || length > start + tokens)
+    throw std::invalid_argument("keep_prefix: length " + std::to_string(length) + " is outside the verified slice (" +
+                                std::to_string(start) + ", " + std::to_string(start + tokens) + "]");
+  // Until the lane's next forward the per-token history stays valid, so the engine may step
+  // back to a block boundary inside the round (a snapshot there) and then on to its end.
+  const int64_t slot = length - start - 1;
+  if (length != pos || pos != start + tokens) {
+    const int64_t conv = cfg_.gdn.conv_state_floats(), ssm = cfg_.gdn.ssm_state_floats();
+    for (int64_t g = 0; g < cfg_.gdn_layers(); ++g) {
+      backend_->copy(conv_state(lane, g), conv_history(lane, g) + slot * conv, conv);
+      backend_->copy(ssm_state(lane, g), ssm_history(lane, g) + slot * ssm, ssm);
+    }
+    backend_->synchronize();
+  }
+  lane_pos_[static_cast<size_t>(lane)] = length;
 }
 
 // Validates the plan and lays out its rows. With hybrid_state, each slice must continue its
@@ -453,7 +503,10 @@ StepLayout Qwen35Model::layout(const BatchPlan& plan, bool hybrid_state) const {
                                     " (a hybrid model's state cannot be rewound; reset the lane)");
     }
     step.attention.push_back({row, s.num_tokens, s.start_pos, s.page_table, s.num_pages});
-    step.lanes.push_back({s.lane, row, s.num_tokens});
+    if (s.keep_states && s.num_tokens > options_.max_verify_tokens)
+      throw std::invalid_argument("a verified slice of " + std::to_string(s.num_tokens) +
+                                  " tokens exceeds max_verify_tokens " + std::to_string(options_.max_verify_tokens));
+    step.lanes.push_back({s.lane, row, s.num_tokens, s.keep_states});
     for (int32_t i = 0; i < s.num_tokens; ++i) step.positions.push_back(s.start_pos + i);
     row += s.num_tokens;
   }
@@ -513,8 +566,14 @@ void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, f
   b.matmul_many(normed_.data(), t, projections);
   std::vector<GdnSlice> slices;
   slices.reserve(step.lanes.size());
-  for (const auto& r : step.lanes)
-    slices.push_back({r.row_begin, r.num_tokens, conv_state(r.lane, L.gdn_index), ssm_state(r.lane, L.gdn_index)});
+  for (const auto& r : step.lanes) {
+    GdnSlice slice{r.row_begin, r.num_tokens, conv_state(r.lane, L.gdn_index), ssm_state(r.lane, L.gdn_index)};
+    if (r.keep_states) {
+      slice.conv_history = conv_history(r.lane, L.gdn_index);
+      slice.ssm_history = ssm_history(r.lane, L.gdn_index);
+    }
+    slices.push_back(slice);
+  }
   const GdnLayerWeights weights{L.conv_weight.data(), L.A_log.data(), L.dt_bias.data(), L.gdn_norm.data()};
   b.gdn_mixer(cfg_.gdn, weights, slices, mixed_.data(), z_.data(), b_.data(), a_.data(), gdn_out_.data());
   b.matmul(gdn_out_.data(), t, L.out_proj, nullptr, out);
@@ -563,7 +622,17 @@ void Qwen35Model::forward(const BatchPlan& plan, float* logits) {
   if (rows < 0) return;
   backend_->synchronize();
   if (rows > 0) backend_->copy_to_host(logits, logits_.data(), rows * cfg_.vocab);
-  for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = s.start_pos + s.num_tokens;
+  finish_step(plan);
+}
+
+// After a step: hidden states for the draft head, and each lane's new position.
+void Qwen35Model::finish_step(const BatchPlan& plan) {
+  if (plan.hidden_out)
+    backend_->copy_to_host(plan.hidden_out, normed_.data(), static_cast<int64_t>(plan.tokens.size()) * cfg_.hidden);
+  for (const auto& s : plan.slices) {
+    lane_pos_[static_cast<size_t>(s.lane)] = s.start_pos + s.num_tokens;
+    verified_[static_cast<size_t>(s.lane)] = {s.start_pos, s.keep_states ? s.num_tokens : 0};
+  }
 }
 
 void Qwen35Model::forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) {
@@ -571,8 +640,8 @@ void Qwen35Model::forward_sampled(const BatchPlan& plan, const SamplingBatch& sa
   const int64_t rows = enqueue_step(plan);
   if (rows < 0) return;
   if (rows > 0) backend_->sample_rows(logits_.data(), cfg_.vocab, sampling, ids);
-  else backend_->synchronize();
-  for (const auto& s : plan.slices) lane_pos_[static_cast<size_t>(s.lane)] = s.start_pos + s.num_tokens;
+  backend_->synchronize();
+  finish_step(plan);
 }
 
 int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
@@ -594,10 +663,18 @@ int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
     logit_inputs_ = b.alloc(rows * h);
     logits_ = b.alloc(rows * cfg_.vocab);
   }
-  b.run_step(plan.single_token_slices(), [&] {
+  if (plan.hidden_out && cfg_.mtp_layers == 0)
+    throw std::invalid_argument("this artifact has no MTP head to read hidden states (hidden_out)");
+  bool verifies = false;
+  for (const auto& s : plan.slices) verifies = verifies || s.keep_states;
+  // A graph replays one fixed op list: steps that also emit hidden states or state history
+  // run eagerly.
+  const bool graphable = plan.single_token_slices() && !plan.hidden_out && !verifies;
+  b.run_step(graphable, [&] {
     b.embedding(embed_, plan.tokens, hidden_.data());
     for (size_t i = 0; i < layers_.size(); ++i)
       decoder_layer(layers_[i], t, step, i > 0, i + 1 < layers_.size() ? &layers_[i + 1] : nullptr);
+    if (plan.hidden_out) b.rms_norm(hidden_.data(), t, h, final_norm_.data(), cfg_.eps, normed_.data());
     if (rows == 0) return;
     b.gather_rows(hidden_.data(), h, logit_rows, logit_inputs_.data());
     b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
@@ -610,13 +687,28 @@ int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
 // decoder layer, mtp.norm, the shared lm_head.
 void Qwen35Model::forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step_index, float* logits,
                               float* hidden_out) {
+  std::vector<int32_t> rows(plan.tokens.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
+  forward_mtp_rows(plan, hidden_prev, step_index, rows, logits, hidden_out);
+}
+
+void Qwen35Model::forward_mtp_rows(const BatchPlan& plan, const float* hidden_prev, int step_index,
+                                   std::span<const int32_t> rows, float* logits, float* hidden_out) {
   if (cfg_.mtp_layers == 0) throw std::runtime_error("this artifact has no MTP head");
   if (step_index < 0) throw std::invalid_argument("forward_mtp: step must be >= 0");
   if (!hidden_prev || !logits) throw std::invalid_argument("forward_mtp: null hidden_prev or logits");
   const StepLayout step = layout(plan, false);
   const int64_t t = static_cast<int64_t>(plan.tokens.size()), h = cfg_.hidden;
   if (t == 0) return;
+  for (int32_t r : rows)
+    if (r < 0 || r >= t) throw std::invalid_argument("forward_mtp: output row " + std::to_string(r) + " is outside the plan");
+  const auto n = static_cast<int64_t>(rows.size());
   Backend& b = *backend_;
+  if (logits_.size() < n * cfg_.vocab) {
+    logit_inputs_ = b.alloc(n * h);
+    logits_ = b.alloc(n * cfg_.vocab);
+  }
+  if (logit_inputs_.size() < n * h) logit_inputs_ = b.alloc(n * h);
   b.embedding(embed_, plan.tokens, normed_.data());
   b.rms_norm(normed_.data(), t, h, mtp_norm_embedding_.data(), cfg_.eps, normed_.data());
   b.copy_from_host(branch_.data(), hidden_prev, t * h);
@@ -624,15 +716,12 @@ void Qwen35Model::forward_mtp(const BatchPlan& plan, const float* hidden_prev, i
   b.concat_columns(normed_.data(), h, branch_.data(), h, t, mtp_cat_.data());  // embedding first
   b.matmul(mtp_cat_.data(), t, mtp_fc_, nullptr, hidden_.data());
   decoder_layer(mtp_layers_[static_cast<size_t>(step_index % cfg_.mtp_layers)], t, step);
-  b.rms_norm(hidden_.data(), t, h, mtp_norm_.data(), cfg_.eps, normed_.data());
-  if (logits_.size() < t * cfg_.vocab) {
-    logit_inputs_ = b.alloc(t * h);
-    logits_ = b.alloc(t * cfg_.vocab);
-  }
-  b.matmul(normed_.data(), t, lm_head_, nullptr, logits_.data());
+  b.gather_rows(hidden_.data(), h, rows, logit_inputs_.data());
+  b.rms_norm(logit_inputs_.data(), n, h, mtp_norm_.data(), cfg_.eps, logit_inputs_.data());
+  b.matmul(logit_inputs_.data(), n, lm_head_, nullptr, logits_.data());
   b.synchronize();
-  b.copy_to_host(logits, logits_.data(), t * cfg_.vocab);
-  if (hidden_out) b.copy_to_host(hidden_out, normed_.data(), t * h);
+  b.copy_to_host(logits, logits_.data(), n * cfg_.vocab);
+  if (hidden_out) b.copy_to_host(hidden_out, logit_inputs_.data(), n * h);
 }
 
 }  // namespace

@@ -9,12 +9,13 @@
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "models/model.h"
 
 namespace ninfer {
 
-// The MTP head of a hybrid model (spec §4), for tests now and speculative decoding later.
+// The MTP head of a hybrid model (spec §4): the draft model of speculative decoding.
 class MtpHead {
  public:
   virtual ~MtpHead() = default;
@@ -26,6 +27,10 @@ class MtpHead {
   // when hidden_out is not null, the hidden after mtp.norm [tokens, hidden] (host memory).
   virtual void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
                            float* hidden_out) = 0;
+  // forward_mtp with outputs for the given rows of the plan only (host memory): logits
+  // [rows, vocab] and the normed hidden [rows, hidden]. Drafting reads one row per lane.
+  virtual void forward_mtp_rows(const BatchPlan& plan, const float* hidden_prev, int step,
+                                std::span<const int32_t> rows, float* logits, float* hidden_out) = 0;
 };
 
 std::unique_ptr<Model> make_qwen3_5_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options);

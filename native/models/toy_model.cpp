@@ -86,18 +86,29 @@ void ToyModel::forward(const BatchPlan& plan, float* logits) {
   const int64_t vocab = info_.vocab_size;
   float* row = logits;
   for (const auto& s : plan.slices) {
-    if (!s.wants_logits) continue;
-    const int32_t next = next_token(s, s.start_pos + s.num_tokens - 1);
-    std::fill(row, row + vocab, 0.0f);
-    row[next] = 6.0f;
-    row[(next + 1) % vocab] = 4.0f;
-    row[(next + 2) % vocab] = 3.0f;
-    if (rows_to_poison_.load() > 0) {
-      rows_to_poison_.fetch_sub(1);
-      std::fill(row, row + vocab, poison_value_.load());
+    for (int32_t t = s.num_tokens - s.logit_rows(); t < s.num_tokens; ++t) {
+      const int32_t next = next_token(s, s.start_pos + t);
+      std::fill(row, row + vocab, 0.0f);
+      row[next] = 6.0f;
+      row[(next + 1) % vocab] = 4.0f;
+      row[(next + 2) % vocab] = 3.0f;
+      if (rows_to_poison_.load() > 0) {
+        rows_to_poison_.fetch_sub(1);
+        std::fill(row, row + vocab, poison_value_.load());
+      }
+      row += vocab;
     }
-    row += vocab;
   }
+}
+
+void ToyModel::keep_prefix(int lane, int32_t length) {
+  if (lane < 0 || lane >= static_cast<int>(lane_positions_.size()))
+    throw std::logic_error("toy model: keep_prefix of unknown lane " + std::to_string(lane));
+  auto& cached = lane_positions_[static_cast<size_t>(lane)];
+  if (length < 1 || length > cached)
+    throw std::logic_error("toy model: keep_prefix(" + std::to_string(length) + ") but the lane holds " +
+                           std::to_string(cached) + " tokens");
+  cached = length;
 }
 
 void ToyModel::forward_sampled(const BatchPlan& plan, const SamplingBatch& sampling, int32_t* ids) {

@@ -27,6 +27,7 @@ class ToyModel final : public Model {
   const ModelInfo& info() const override { return info_; }
   void forward(const BatchPlan& plan, float* logits) override;
   void reset_lane(int lane) override;
+  void keep_prefix(int lane, int32_t length) override;
   void resume_lane(int lane, int32_t position, int slot) override;
   void kv_page_io(int32_t page, void* host, bool to_host) override { kv_page_io_host(pool_, page, host, to_host); }
   // Off unless a test turns it on: then the toy "samples on its device" with the host

@@ -66,6 +66,9 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         max_pending=config.max_pending_requests,
         pending_timeout_ms=config.pending_timeout_ms,
         eos_ids=list(eos_ids),
+        mtp_draft_tokens=config.mtp_draft_tokens,
+        ngram_draft_tokens=config.ngram_draft_tokens,
+        ngram_min_match=config.ngram_min_match,
         kv_capacity=config.kv_capacity,
         vram_headroom_mib=config.vram_headroom_mib,
         prefix_reuse=config.prefix_reuse,
@@ -93,6 +96,8 @@ def _to_event(core_event: Any) -> EngineEvent:
                 core_event.prompt_ms,
                 core_event.predicted_ms,
                 core_event.decode_share_ms,
+                core_event.draft_n,
+                core_event.draft_n_accepted,
             )
             if core_event.finished
             else None
@@ -100,6 +105,7 @@ def _to_event(core_event: Any) -> EngineEvent:
         error=core_event.error,
         constraint=getattr(core_event, "constraint", None),
         cached_tokens=core_event.cached_tokens,
+        speculative=core_event.speculative,
     )
 
 

@@ -62,6 +62,8 @@ class Timings:
     prompt_ms: float = 0.0  # prefill
     predicted_ms: float = 0.0  # decode
     decode_share_ms: float = 0.0  # this request's share of its batched decode rounds
+    draft_n: int = 0  # speculative proposals verified so far
+    draft_n_accepted: int = 0  # of which the target accepted
 
 
 @dataclass(slots=True)
@@ -84,6 +86,9 @@ class EngineEvent:
     timings: Timings | None = None  # set on the finished event
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache (fixed at admission)
     error: str | None = None
+    # Finished events of a speculating engine: rounds, drafted/accepted tokens, ... (the
+    # request log's request_done.speculative); None without speculative work.
+    speculative: dict[str, Any] | None = None
     constraint: dict[str, Any] | None = None  # constrained requests: the matcher's counters
     # Set only on a prompt-progress event (GenerationRequest.report_progress): the prompt
     # tokens committed so far, after a prefill chunk that left more prompt. It has no tokens.
@@ -126,6 +131,9 @@ class EngineConfig:
     max_pending_requests: int = 64
     pending_timeout_ms: int = 0  # 0 = wait forever
     threads: int = 0  # CPU threads; 0 = all cores
+    mtp_draft_tokens: int = 0  # --spec mtp --draft-tokens; 0 = no MTP drafting
+    ngram_draft_tokens: int = 0  # --ngram-draft-tokens; 0 = no n-gram copies
+    ngram_min_match: int = 12  # --ngram-min-match
     device: str = "cpu"
     kv_capacity: int = 0  # shared KV pool in tokens; 0 = auto (free memory less the headroom)
     vram_headroom_mib: int = 1024  # auto sizing leaves this much free

@@ -22,6 +22,7 @@ from ninfer.server.logs import configure_logging
 from ninfer.server.options import parse_args, process_sampling
 from ninfer.server.request_log import RequestLog, RequestLogError
 from ninfer.server.server_start import server_start_record
+from ninfer.server.speculative_options import speculative_engine_fields
 from ninfer.server.stats_panel import StatsPanel, panel_wanted
 from ninfer.server.telemetry import Telemetry
 from ninfer.server.throughput import ThroughputReporter
@@ -130,6 +131,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefix_reuse=not no_reuse,
         prefix_cache_file=getattr(args, "prefix_cache_file", None),
         **{key: value for key, value in optional.items() if value is not None},
+        **speculative_engine_fields(args),
         cuda_graphs=not args.no_cuda_graph,
         random_weights_seed=dummy_weights_seed(args),
     )
@@ -255,6 +257,8 @@ def _make_panel(args: argparse.Namespace, telemetry: Telemetry, engine: Any) -> 
         engine,
         colours=args.log_colours == "on",
         show_gauges=args.log_stats_interval_ms > 0,
+        drafter="MTP" if getattr(args, "spec", None) == "mtp" else None,
+        ngram=(getattr(args, "ngram_draft_tokens", 0) or 0) > 0,
     )
     telemetry.on_change.append(panel.refresh)
     return panel

@@ -42,6 +42,22 @@ _TOKEN_COUNTERS = (
         "Committed output tokens, each request's first included",
     ),
     ("decode_tokens", "ninfer_decode_tokens", "Committed output tokens after each request's first"),
+    (
+        "spec_rounds",
+        "ninfer_spec_decode_rounds",
+        "Speculative rounds: decode rows that verified proposals",
+    ),
+    ("spec_draft_tokens", "ninfer_spec_decode_draft_tokens", "Speculative proposals verified"),
+    (
+        "spec_accepted_tokens",
+        "ninfer_spec_decode_accepted_tokens",
+        "Speculative proposals accepted",
+    ),
+    (
+        "spec_fallback_steps",
+        "ninfer_spec_decode_fallback_steps",
+        "Decode rows of a speculating server that had no proposal to verify",
+    ),
 )
 
 # requests_total outcome -> the engine counters it sums.

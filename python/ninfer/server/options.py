@@ -7,6 +7,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ninfer.server.speculative_options import add_speculative_arguments, check_speculative_arguments
+
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 
 # Options of the serving contract whose features this build does not have yet. They are
@@ -24,13 +26,9 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--media-live-mib", True, "media input"),
     ("--media-preprocess-threads", True, "media input"),
     ("--kv-dtype", True, "quantized KV caches"),
-    ("--spec", True, "speculative decoding"),
-    ("--draft-tokens", True, "speculative decoding"),
     ("--lm-head-draft", False, "speculative decoding"),
     ("--draft-tree-nodes", True, "speculative decoding"),
     ("--draft-tree-paths", True, "speculative decoding"),
-    ("--ngram-draft-tokens", True, "n-gram drafting"),
-    ("--ngram-min-match", True, "n-gram drafting"),
     ("--ngram-archive-mib", True, "n-gram drafting"),
     ("--ngram-session-mib", True, "n-gram drafting"),
     ("--ngram-native-sessions", False, "n-gram drafting"),
@@ -45,8 +43,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
 # them, so they are accepted (and named in a startup notice) instead of refused.
 NO_OP_VALUES: dict[str, tuple[str, ...]] = {
     "--kv-dtype": ("bf16",),  # the one KV format this build stores
-    "--spec": ("off",),  # no speculative backend, as when --spec is absent
-    "--ngram-draft-tokens": ("0",),  # 0 disables n-gram drafting
     "--rope-yarn-factor": ("1", "1.0"),  # the default: no YaRN scaling
     "--ngram-archive-mib": ("0",),  # the default: no n-gram archive
     "--vision-offload": ("off",),  # the default, and there is no vision tower to offload
@@ -497,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="rotated request-log files kept, 0..1000; requires --request-log-max-mib (default: 4)",
     )
+    add_speculative_arguments(parser)
     later = parser.add_argument_group(
         "not available in this build (refused if given, except a value that changes nothing)"
     )
@@ -531,6 +528,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--request-log-keep requires --request-log-max-mib")
     if args.request_log_keep is None:
         args.request_log_keep = 4
+    check_speculative_arguments(parser, args)
     return args
 
 

@@ -22,6 +22,33 @@ class RequestSample:
     decode_tokens: int  # output tokens after the first
     decode_share_s: float
     decode_wall_s: float
+    # Speculative work (request_done.speculative): the model drafter's (MTP) part and the
+    # n-gram part, in accepted / drafted tokens and verification rounds.
+    model_accepted: int = 0
+    model_drafted: int = 0
+    model_rounds: int = 0
+    ngram_accepted: int = 0
+    ngram_drafted: int = 0
+    ngram_rounds: int = 0
+
+    @classmethod
+    def speculative_fields(cls, tally: dict | None) -> dict[str, int]:
+        """The speculative fields from a finished event's tally (None: no speculative work)."""
+        if not tally:
+            return {}
+        ngram = (
+            tally.get("ngram_accepted_tokens", 0),
+            tally.get("ngram_drafted_tokens", 0),
+            tally.get("ngram_rounds", 0),
+        )
+        return {
+            "model_accepted": tally.get("accepted_tokens", 0) - ngram[0],
+            "model_drafted": tally.get("drafted_tokens", 0) - ngram[1],
+            "model_rounds": tally.get("rounds", 0) - ngram[2],
+            "ngram_accepted": ngram[0],
+            "ngram_drafted": ngram[1],
+            "ngram_rounds": ngram[2],
+        }
 
 
 @dataclass(slots=True)
@@ -35,6 +62,12 @@ class Aggregate:
     decode_tokens: int = 0
     decode_share_s: float = 0.0
     decode_wall_s: float = 0.0
+    model_accepted: int = 0
+    model_drafted: int = 0
+    model_rounds: int = 0
+    ngram_accepted: int = 0
+    ngram_drafted: int = 0
+    ngram_rounds: int = 0
 
     def add(self, sample: RequestSample) -> None:
         self.requests += 1
@@ -46,6 +79,12 @@ class Aggregate:
         self.decode_tokens += sample.decode_tokens
         self.decode_share_s += sample.decode_share_s
         self.decode_wall_s += sample.decode_wall_s
+        self.model_accepted += sample.model_accepted
+        self.model_drafted += sample.model_drafted
+        self.model_rounds += sample.model_rounds
+        self.ngram_accepted += sample.ngram_accepted
+        self.ngram_drafted += sample.ngram_drafted
+        self.ngram_rounds += sample.ngram_rounds
 
     @classmethod
     def of(cls, samples: list[RequestSample]) -> Aggregate:
@@ -65,6 +104,11 @@ class Aggregate:
     @property
     def decode_rate(self) -> float | None:
         return self.decode_tokens / self.decode_share_s if self.decode_share_s > 0 else None
+
+    @property
+    def accepted_per_round(self) -> float | None:
+        """Model-drafter accepted tokens per model-drafted round (n-gram rounds excluded)."""
+        return self.model_accepted / self.model_rounds if self.model_rounds else None
 
     @property
     def mean_batch(self) -> float | None:

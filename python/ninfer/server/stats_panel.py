@@ -22,6 +22,10 @@ from ninfer.server.session_stats import Aggregate, SessionStats
 
 WIDTH = 66
 _COLUMNS = (("", 9), ("TTFT", 9), ("cached", 16), ("prefill", 13), ("decode", 13), ("batch", 6))
+# With speculative decoding: the model drafter's accepted / drafted tokens and accepted tokens
+# per model-drafted round, then the n-gram part and its rounds (--ngram-draft-tokens only).
+_DRAFTER_WIDTHS = (11, 8)
+_NGRAM_COLUMNS = (("ngram", 10), ("ng rnds", 8))
 REFRESH_S = 0.5  # the title's running/waiting gauges change without any record
 
 
@@ -34,28 +38,42 @@ def panel_wanted(flag: str, level: str, stream: TextIO | None = None) -> bool:
 
 
 def render_rows(
-    session: SessionStats, gauges: tuple[int, int] | None, prompt: str | None = None
+    session: SessionStats,
+    gauges: tuple[int, int] | None,
+    prompt: str | None = None,
+    *,
+    drafter: str | None = None,
+    ngram: bool = False,
 ) -> list[str]:
     """The panel as plain lines: the title (request outcomes, and the current gauges while
-    throughput reporting is on), the header and rows (WIDTH columns), the bottom prompt."""
+    throughput reporting is on), the header and rows (WIDTH columns, more with drafter
+    columns), the bottom prompt. `drafter`: the model drafter's name (MTP) when one is on;
+    `ngram`: n-gram drafting is on."""
+    columns = list(_COLUMNS)
+    if drafter:
+        columns += [(drafter, _DRAFTER_WIDTHS[0]), ("acc/rnd", _DRAFTER_WIDTHS[1])]
+    if ngram:
+        columns += list(_NGRAM_COLUMNS)
     title = (
         f"{session.completed} done, {session.failed} failed, "
         f"{session.cancelled} cancelled, {session.rejected} rejected"
     )
     if gauges is not None:
         title += f" | {gauges[0]} running, {gauges[1]} waiting"
-    lines = [title, _row([name for name, _ in _COLUMNS])]
-    lines.append(_row(_cells(f"all {session.completed}", session.all_time)))
+    lines = [title, _row(columns, [name for name, _ in columns])]
+    lines.append(
+        _row(columns, _cells(f"all {session.completed}", session.all_time, drafter, ngram))
+    )
     recent = session.last_ten()
     if recent is not None:
-        lines.append(_row(_cells("last 10", recent)))
+        lines.append(_row(columns, _cells("last 10", recent, drafter, ngram)))
     if prompt:
-        lines.append(prompt[:WIDTH])
+        lines.append(prompt[: sum(width for _, width in columns)])
     return lines
 
 
-def _cells(label: str, total: Aggregate) -> list[str]:
-    return [
+def _cells(label: str, total: Aggregate, drafter: str | None, ngram: bool) -> list[str]:
+    cells = [
         label,
         units.duration(total.mean_ttft_s),
         f"{units.count(total.cached_tokens)}/{units.count(total.prompt_tokens)}",
@@ -63,11 +81,23 @@ def _cells(label: str, total: Aggregate) -> list[str]:
         units.rate(total.decode_rate),
         "-" if total.mean_batch is None else f"{total.mean_batch:.2f}",
     ]
+    if drafter:
+        per_round = total.accepted_per_round
+        cells += [
+            f"{units.count(total.model_accepted)}/{units.count(total.model_drafted)}",
+            "-" if per_round is None else f"{per_round:.2f}",
+        ]
+    if ngram:
+        cells += [
+            f"{units.count(total.ngram_accepted)}/{units.count(total.ngram_drafted)}",
+            units.count(total.ngram_rounds),
+        ]
+    return cells
 
 
-def _row(cells: list[str]) -> str:
+def _row(columns: list[tuple[str, int]], cells: list[str]) -> str:
     out = ""
-    for (name, width), cell in zip(_COLUMNS, cells, strict=True):
+    for (name, width), cell in zip(columns, cells, strict=True):
         out += cell[:width].ljust(width) if name == "" else cell[: width - 1].rjust(width)
     return out
 
@@ -89,11 +119,15 @@ class StatsPanel:
         colours: bool,
         show_gauges: bool,
         stream: TextIO | None = None,
+        drafter: str | None = None,
+        ngram: bool = False,
     ) -> None:
         self._session = session
         self._engine = engine
         self._colours = colours
         self._show_gauges = show_gauges
+        self._drafter = drafter
+        self._ngram = ngram
         self._prompt: str | None = None
         self._console = _CursorKeepingConsole(
             file=stream if stream is not None else sys.stderr,  # the real stream, not the proxy
@@ -151,7 +185,9 @@ class StatsPanel:
         if self._show_gauges:
             stats = self._engine.stats()
             gauges = (int(stats.get("running", 0)), int(stats.get("pending", 0)))
-        lines = render_rows(self._session, gauges, self._prompt)
+        lines = render_rows(
+            self._session, gauges, self._prompt, drafter=self._drafter, ngram=self._ngram
+        )
         style = "cyan" if self._colours else ""
         texts = [
             Text(line, style=style if 0 < i < len(lines) else "") for i, line in enumerate(lines)

@@ -296,6 +296,7 @@ class Telemetry:
                 decode_tokens=max(completion - 1, 0),
                 decode_share_s=share_s,
                 decode_wall_s=decode_s,
+                **RequestSample.speculative_fields(getattr(final, "speculative", None)),
             )
         )
         decode_rate = (completion - 1) / decode_s if decode_s > 0 and completion > 1 else None
@@ -343,6 +344,7 @@ class Telemetry:
                 "total": total_s,
             },
             generated_token_ids=list(record.generated_token_ids),
+            speculative=getattr(final, "speculative", None),
         )
         self.write(out)
 

@@ -71,7 +71,7 @@ def llama_timings(
     prompt_n = prompt_tokens - cached_tokens
     # The first output token closes the prompt phase, so decode has n - 1 intervals.
     intervals = max(completion_tokens - 1, 0)
-    return {
+    result: dict[str, float | int] = {
         "cache_n": cached_tokens,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
@@ -82,6 +82,10 @@ def llama_timings(
         "predicted_per_token_ms": _ratio(predicted_ms, intervals),
         "predicted_per_second": _ratio(intervals * 1000.0, predicted_ms),
     }
+    if timings and timings.draft_n > 0:  # only requests that verified speculative proposals
+        result["draft_n"] = timings.draft_n
+        result["draft_n_accepted"] = timings.draft_n_accepted
+    return result
 
 
 def _ratio(numerator: float, denominator: float) -> float:
