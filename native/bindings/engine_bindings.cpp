@@ -156,6 +156,9 @@ py::dict stats_dict(const EngineStats& s) {
   d["submits_refused"] = s.submits_refused;
   d["recoveries_out_of_memory"] = s.recoveries_out_of_memory;
   d["recoveries_failed_step"] = s.recoveries_failed_step;
+  d["replay_restores"] = s.replay_restores;
+  d["tokens_replayed"] = s.tokens_replayed;
+  d["replaying"] = s.replaying;
   return d;
 }
 
@@ -252,6 +255,12 @@ void bind_events(py::module_& m) {
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
       .def_property_readonly("decode_share_ms", [](const EngineEvent& e) { return e.timings.decode_share_ms; })
+      .def_property_readonly("scheduling",
+                             [](const EngineEvent& e) {
+                               return py::dict(py::arg("preemptions") = e.scheduling.preemptions,
+                                               py::arg("replayed_tokens") = e.scheduling.replayed_tokens,
+                                               py::arg("paused_seconds") = e.scheduling.paused_ms / 1000.0);
+                             })
       .def_property_readonly("error", [](const EngineEvent& e) -> py::object {
         if (e.error.empty()) return py::none();
         return py::str(e.error);
@@ -451,6 +460,17 @@ void bind_engine_class(py::module_& m) {
           py::arg("count"), py::kw_only(), py::arg("out_of_memory") = false,
           "Test hook: the next `count` model steps fail (as out of memory, or as a failed check) "
           "through the engine's recovery path.")
+      .def(
+          "inject_device_fault", [](PyEngine& self, int after_steps) { self.engine->inject_device_fault(after_steps); },
+          py::arg("after_steps"),
+          "Test hook: after `after_steps` more model steps, the next one fails with a fatal device error "
+          "(as a CUDA illegal address would): the engine stops and reports device_failure.")
+      .def_property_readonly("device_failure",
+                             [](const PyEngine& self) -> py::object {
+                               std::string what = self.engine->device_failure();
+                               if (what.empty()) return py::none();
+                               return py::str(what);
+                             })
       .def(
           "toy_fail_next_forwards",
           [](PyEngine& self, int count) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "backends/device_error.h"
 #include "engine/constraint_matcher.h"
 
 namespace ninfer {
@@ -284,6 +285,9 @@ EngineStats Engine::stats(bool check_cache) const {
   s.submits_refused = submits_refused_.load();
   s.recoveries_out_of_memory = recoveries_out_of_memory_.load();
   s.recoveries_failed_step = recoveries_failed_step_.load();
+  s.replay_restores = replay_restores_.load();
+  s.tokens_replayed = tokens_replayed_.load();
+  s.replaying = replaying_gauge_.load();
   return s;
 }
 
@@ -292,7 +296,29 @@ void Engine::inject_step_failures(int count, bool out_of_memory) {
   injected_failures_ = std::max(count, 0);
 }
 
+void Engine::inject_device_fault(int after_steps) { device_fault_after_ = std::max(after_steps, -1); }
+
+std::string Engine::device_failure() const {
+  std::lock_guard lock(mu_);
+  return device_failure_;
+}
+
+void Engine::fail_device(const std::string& what) {
+  {
+    std::lock_guard lock(mu_);
+    device_failure_ = what;
+  }
+  fail_everything("device failure: " + what);
+}
+
 void Engine::throw_if_injected() {
+  int fault = device_fault_after_.load();
+  while (fault >= 0 && !device_fault_after_.compare_exchange_weak(fault, fault - 1)) {
+  }
+  if (fault == 0)
+    throw DeviceFatalError(
+        "CUDA_CHECK(cudaStreamSynchronize(stream)) failed: cudaErrorIllegalAddress (an illegal memory "
+        "access was encountered) [injected by the engine's device-fault test hook]");
   int left = injected_failures_.load();
   while (left > 0 && !injected_failures_.compare_exchange_weak(left, left - 1)) {
   }
@@ -340,6 +366,10 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
   event.prompt_processed = std::min(seq.cached, seq.prompt_len());
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
   const auto now = EngineClock::now();
+  event.scheduling.preemptions = seq.pauses;
+  event.scheduling.replayed_tokens = seq.replayed_tokens;
+  event.scheduling.paused_ms = seq.paused_ms;
+  if (seq.phase == Phase::Pending && seq.ever_admitted) event.scheduling.paused_ms += elapsed_ms(seq.paused_at, now);
   if (seq.phase == Phase::Pending) {
     event.timings.queue_ms = elapsed_ms(seq.submitted, now);
   } else {
@@ -406,6 +436,9 @@ void Engine::run() {
         return;
       }
     }
+  } catch (const DeviceFatalError& e) {
+    fail_device(e.what());
+    return;
   } catch (const std::exception& e) {
     fail_everything(std::string("worker crash: ") + e.what());
     return;
@@ -436,7 +469,11 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   for (Sequence* seq : scheduler_.admit(now)) {
     model_->reset_lane(seq->lane);
     restore_prefix(*seq);
-    if (seq->ever_admitted) continue;  // a paused request restored: no second admission
+    if (seq->ever_admitted) {  // a paused request restored: no second admission
+      seq->paused_ms += elapsed_ms(seq->paused_at, now);
+      replay_restores_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     seq->ever_admitted = true;
     requests_admitted_.fetch_add(1, std::memory_order_relaxed);
     prompt_tokens_.fetch_add(static_cast<uint64_t>(seq->prompt_len()), std::memory_order_relaxed);
@@ -444,13 +481,15 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
     events.push_back(base_event(*seq, EventKind::Admitted));
   }
   scheduler_.plan(step_);
-  int32_t prefilling = 0, decode_ready = 0;
+  int32_t prefilling = 0, decode_ready = 0, replaying = 0;
   for (const Sequence* seq : scheduler_.resident()) {
     if (seq->phase == Phase::Prefilling) ++prefilling;
+    if (seq->phase == Phase::Prefilling && seq->replaying()) ++replaying;
     if (seq->phase == Phase::Decoding) ++decode_ready;
   }
   prefilling_gauge_ = prefilling;
   decode_ready_gauge_ = decode_ready;
+  replaying_gauge_ = replaying;
   return true;
 }
 
@@ -467,6 +506,8 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     } else {
       model_->forward(step_.batch, logits_.data());
     }
+  } catch (const DeviceFatalError&) {
+    throw;  // not a failed unit: the device is unusable (run() stops the engine)
   } catch (const std::exception& e) {
     error = e.what();
     out_of_memory = is_out_of_memory(e);
@@ -493,6 +534,16 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     failures_gauge_ = 0;
     decode_rows_.fetch_add(static_cast<uint64_t>(step_.decode_rows), std::memory_order_relaxed);
     tokens_prefilled_.fetch_add(static_cast<uint64_t>(step_.prefill_tokens), std::memory_order_relaxed);
+    // Prefill slices of paused requests rebuilding their state (before commit_step, which
+    // gives a completed fresh prefill its first output token).
+    uint64_t replayed = 0;
+    for (size_t i = static_cast<size_t>(step_.decode_rows); i < step_.rows.size(); ++i) {
+      Sequence& seq = *step_.rows[i];
+      if (!seq.replaying()) continue;
+      seq.replayed_tokens += step_.batch.slices[i].num_tokens;
+      replayed += static_cast<uint64_t>(step_.batch.slices[i].num_tokens);
+    }
+    tokens_replayed_.fetch_add(replayed, std::memory_order_relaxed);
     if (step_.decode_rows > 0) {
       decode_rounds_.fetch_add(1, std::memory_order_relaxed);
       const double share = elapsed_ms(started, EngineClock::now()) / (step_.decode_rows + step_.prefill_tokens);

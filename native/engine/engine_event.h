@@ -31,6 +31,14 @@ struct RequestTimings {
   double decode_share_ms = 0;  // the request's share of its decode rounds (see Sequence)
 };
 
+// How pressure pauses affected one request (a request is paused to let an older one grow,
+// and restored by replaying its prompt and output from the deepest cached prefix).
+struct RequestScheduling {
+  int32_t preemptions = 0;      // times the request was paused
+  int64_t replayed_tokens = 0;  // tokens recomputed by its replays (no new output)
+  double paused_ms = 0;         // time spent paused
+};
+
 struct EngineEvent {
   uint64_t request_id = 0;
   EventKind kind = EventKind::Output;
@@ -46,6 +54,7 @@ struct EngineEvent {
   int32_t prompt_processed = 0;  // prompt tokens whose K/V are committed (the prompt's frontier)
   int32_t completion_tokens = 0;
   RequestTimings timings;
+  RequestScheduling scheduling;
   std::string error;  // FinishReason::Error
   std::optional<ConstraintStats> constraint;  // constrained requests, on the finished event
   std::vector<float> logits;  // GenerationParams::capture_logits: [token_ids.size(), vocab]

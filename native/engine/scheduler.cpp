@@ -122,6 +122,7 @@ void Scheduler::pause(Sequence& seq) {
   seq.phase = Phase::Pending;
   ++seq.pauses;
   ++pauses_;
+  seq.paused_at = EngineClock::now();
   const int lane = seq.lane;
   seq.lane = -1;
   auto owner = std::move(lanes_[static_cast<size_t>(lane)]);

@@ -35,7 +35,11 @@ _TOKEN_COUNTERS = (
         "ninfer_prompt_tokens_cached",
         "Prompt tokens reused from a cache instead of prefilled",
     ),
-    ("tokens_prefilled", "ninfer_prefill_tokens", "Prompt tokens computed by prefill"),
+    (
+        "tokens_replayed",
+        "ninfer_replayed_tokens",
+        "Tokens recomputed to restore paused requests (not in ninfer_prefill_tokens)",
+    ),
     (
         "tokens_decoded",
         "ninfer_generation_tokens",
@@ -58,6 +62,17 @@ _GAUGES = (
     ("pending", "ninfer_requests_waiting", "Requests waiting for a lane"),
     ("prefilling", "ninfer_requests_prefilling", "Resident requests still reading their prompt"),
     ("decode_ready", "ninfer_requests_decode_ready", "Resident requests ready for a decode round"),
+    ("paused", "ninfer_requests_paused", "Requests paused for memory, waiting to be restored"),
+    ("replaying", "ninfer_requests_replaying", "Resident requests rebuilding state after a pause"),
+)
+
+# Pressure pauses and how paused requests came back. Every restore replays: pause snapshots
+# would need a host tier, so snapshot_restores stays 0 (it is exported so that a dashboard
+# written for the full family set finds it).
+_SCHEDULING_COUNTERS = (
+    ("pauses", "ninfer_preemptions", "Requests paused to let an older request grow"),
+    ("snapshot_restores", "ninfer_snapshot_restores", "Paused requests restored from a snapshot"),
+    ("replay_restores", "ninfer_replay_restores", "Paused requests restored by replaying"),
 )
 
 
@@ -109,7 +124,18 @@ class _EngineCollector:
         )
         for key, name, text in _GAUGES:
             yield _gauge(name, text, stats.get(key, 0))
+        yield _counter(
+            "ninfer_prefill_tokens",
+            "Prompt tokens computed by initial prefill (cache hits and replays excluded)",
+            max(
+                0,
+                self._since_start(stats, "tokens_prefilled")
+                - self._since_start(stats, "tokens_replayed"),
+            ),
+        )
         for key, name, text in _TOKEN_COUNTERS:
+            yield _counter(name, text, self._since_start(stats, key))
+        for key, name, text in _SCHEDULING_COUNTERS:
             yield _counter(name, text, self._since_start(stats, key))
         requests = CounterMetricFamily(
             "ninfer_requests",
@@ -141,6 +167,8 @@ class _EngineCollector:
             "Recurrent-state slots holding a request",
             stats.get("state_slots_used", 0),
         )
+        # The output-constraint families (ninfer_constraint_*) and the speculative-decoding
+        # families (ninfer_spec_decode_*) are exported by those features, after this point.
         yield _gauge(
             "ninfer_engine_ready",
             "1 while the engine accepts work, 0 after an engine-wide failure",

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ninfer.engine_types import EngineEvent, GenerationRequest, QueueTimeout
+from ninfer.protocols.constraints import observation
 from ninfer.server import console_units as units
 from ninfer.server.errors import ApiError
 from ninfer.server.metrics import ServerMetrics
@@ -146,6 +147,9 @@ class Telemetry:
         self.session = SessionStats()
         self._numbers = itertools.count(1)
         self.on_change: list[Any] = []  # callbacks after each settled request (the panel)
+        # After a fatal device error the process exits as a crash would: the requests in
+        # flight get no terminal JSONL record (their clients still get an error answer).
+        self.device_failed = False
 
     # --- records -------------------------------------------------------------------------
 
@@ -159,8 +163,11 @@ class Telemetry:
         }
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.request_log is not None:
-            self.request_log.write(record)
+        if self.request_log is None:
+            return
+        if self.device_failed and record.get("event") in _TERMINAL_EVENTS:
+            return
+        self.request_log.write(record)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -295,12 +302,11 @@ class Telemetry:
         )
         decode_rate = (completion - 1) / decode_s if decode_s > 0 and completion > 1 else None
         log.info(
-            "req#%d done: %s, prompt %d (cached %d), completion %d, TTFT %s, decode %s, "
-            "finish %s, %s",
+            "req#%d done: %s, prompt %d, %s, completion %d, TTFT %s, decode %s, finish %s, %s",
             record.number,
             record.protocol,
             prompt,
-            cached,
+            _cache_summary(cached, prompt),
             completion,
             units.duration(ttft_s),
             units.rate(decode_rate),
@@ -309,36 +315,83 @@ class Telemetry:
         )
         if self.request_log is None:
             return
+        self.write(
+            self._done_record(
+                record, final, prompt=prompt, cached=cached, ttft_s=ttft_s, total_s=total_s
+            )
+        )
+
+    def _done_record(
+        self,
+        record: RequestRecord,
+        final: EngineEvent,
+        *,
+        prompt: int,
+        cached: int,
+        ttft_s: float | None,
+        total_s: float,
+    ) -> dict[str, Any]:
+        """request_done, laid out as the schema in request_log.py describes."""
+        timings = final.timings
         turn = record.turn
         report = getattr(turn, "report", None)
         usage = getattr(turn, "usage", None)
+        scheduling = getattr(final, "scheduling", None) or {}
+        preemptions = int(scheduling.get("preemptions", 0))
         out = self.base("request_done")
         out.update(
             request_id=record.number,
             http_request_id=record.http_request_id,
             protocol=record.protocol,
-            finish_reason=final.finish_reason,
-            response_finish_reason=getattr(turn, "finish_reason", None),
-            stop_kind=_stop_kind(final),
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            prefill_tokens=prompt - cached,
-            completion_tokens=completion,
-            reasoning_tokens=getattr(usage, "reasoning_tokens", None),
-            prefix_reuse="hybrid_snapshot" if cached else "none",
-            tool_call_parse=report.as_dict() if report is not None else None,
+            result={
+                "finish_reason": final.finish_reason,
+                "response_finish_reason": getattr(turn, "finish_reason", None),
+                "stop_kind": _stop_kind(final),
+                "prompt_tokens": prompt,
+                "completion_tokens": final.completion_tokens,
+                "reasoning_tokens": getattr(usage, "reasoning_tokens", None),
+                "prefix_cache_hit_tokens": cached,
+                "prefill_tokens": prompt - cached,
+                "prefix_reuse_path": _reuse_path(cached),
+                "tool_call_parse": report.as_dict() if report is not None else None,
+                "generated_token_ids": list(record.generated_token_ids),
+            },
+            generation={
+                "scheduling": {
+                    "preemptions": preemptions,
+                    "snapshot_restores": 0,  # a paused request always replays (no pause images)
+                    "replay_restores": preemptions,
+                    "replayed_tokens": int(scheduling.get("replayed_tokens", 0)),
+                    "paused_seconds": float(scheduling.get("paused_seconds", 0.0)),
+                    "transfer_bytes": 0,  # no host tier: nothing is copied for a request
+                },
+                "admission": {
+                    "preferred_reused_tokens": cached,
+                    "source_wait_seconds": 0.0,  # admission never waits for a cache source
+                    "revoked_checkpoints": 0,
+                    "fallback_reason": "none",
+                },
+            },
+            constraint=_constraint_observation(final, turn),
             timings_seconds={
                 "prepare": record.submitted - record.received,
-                "queue": queue_s,
                 "ttft": ttft_s,
-                "prefill": prefill_s,
-                "decode": decode_s,
-                "decode_share": share_s,
+                "vision": None,  # no vision encoder in this build
+                "prefill": timings.prompt_ms / 1000.0 if timings else 0.0,
+                "decode": timings.predicted_ms / 1000.0 if timings else 0.0,
                 "total": total_s,
             },
-            generated_token_ids=list(record.generated_token_ids),
+            # The speculative-decoding counters (backend, draft_window, rounds,
+            # drafted_tokens, accepted_tokens, fallback_steps, accepted_per_position) when a
+            # --spec backend ran this request; null without one.
+            speculative=None,
+            engine_timing={
+                "queue_wait_seconds": timings.queue_ms / 1000.0 if timings else 0.0,
+                # The request's share of its batched decode rounds (the panel's decode rate).
+                "decode_share_seconds": timings.decode_share_ms / 1000.0 if timings else 0.0,
+            },
         )
-        self.write(out)
+        return out
 
     def _error(self, record: RequestRecord, now: float, kind: str, message: str) -> None:
         total_s = now - record.received
@@ -392,6 +445,9 @@ class Telemetry:
             callback()
 
 
+_TERMINAL_EVENTS = frozenset({"request_done", "request_error"})
+
+
 def _route_path(path: str) -> str:
     return path[3:] if path.startswith("/v1/v1/") else path
 
@@ -402,6 +458,33 @@ def _cancelled(record: RequestRecord, disconnected: bool, stopping: bool) -> boo
     if isinstance(error, QueueTimeout):
         return False
     return disconnected or stopping or (error is not None and "cancelled" in str(error))
+
+
+def _reuse_path(cached: int) -> str:
+    """request_done.result.prefix_reuse_path: the hybrid cache resumed from its blocks (and,
+    on a hybrid model, a state snapshot), or nothing was reused."""
+    return "hybrid_snapshot" if cached else "root"
+
+
+def _cache_summary(cached: int, prompt: int) -> str:
+    """The console's `cache N (P%, path)`, with a readable path label."""
+    if not cached:
+        return "cache 0"
+    return f"cache {cached} ({100 * cached // max(prompt, 1)}%, hybrid snapshot)"
+
+
+def _constraint_observation(final: EngineEvent, turn: Any) -> dict[str, Any] | None:
+    """The observation the HTTP result carries (constraints.observation), None unconstrained.
+    Its branch is the one the turn took: tool calls, else content, else undecided."""
+    if final.constraint is None:
+        return None
+    if getattr(turn, "tool_calls", None):
+        branch = "tools"
+    elif getattr(turn, "content", None):
+        branch = "content"
+    else:
+        branch = "undecided"
+    return observation(final.constraint, branch=branch)
 
 
 def _stop_kind(final: EngineEvent) -> str | None:

@@ -29,6 +29,9 @@ _DELTAS = (
     "steps",
     "requests_admitted",
     "requests_finished",
+    "pauses",
+    "replay_restores",
+    "tokens_replayed",
 )
 
 
@@ -67,7 +70,8 @@ class ThroughputReporter:
         self._last, self._last_at = stats, now
         running, waiting = int(stats.get("running", 0)), int(stats.get("pending", 0))
         worked = deltas["tokens_prefilled"] or deltas["tokens_decoded"]
-        if not worked and not running and not waiting:
+        paused = int(stats.get("paused", 0))
+        if not worked and not running and not waiting and not paused:
             return None
         record = self._telemetry.base("throughput")
         record.update(
@@ -91,5 +95,14 @@ class ThroughputReporter:
 
 
 def _gauges(stats: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("running", "pending", "prefilling", "decode_ready", "kv_pages_total", "kv_pages_free")
+    keys = (
+        "running",
+        "pending",
+        "prefilling",
+        "decode_ready",
+        "paused",
+        "replaying",
+        "kv_pages_total",
+        "kv_pages_free",
+    )
     return {key: stats[key] for key in keys if key in stats}
