@@ -63,6 +63,7 @@ const char* kind_name(EventKind k) {
     case EventKind::Output: return "output";
     case EventKind::QueueTimeout: return "queue_timeout";
     case EventKind::PromptProgress: return "prompt_progress";
+    case EventKind::Scheduling: return "scheduling";
   }
   return "?";
 }
@@ -255,6 +256,22 @@ void bind_events(py::module_& m) {
       .def_property_readonly("prompt_ms", [](const EngineEvent& e) { return e.timings.prompt_ms; })
       .def_property_readonly("predicted_ms", [](const EngineEvent& e) { return e.timings.predicted_ms; })
       .def_property_readonly("decode_share_ms", [](const EngineEvent& e) { return e.timings.decode_share_ms; })
+      .def_property_readonly("transition",
+                             [](const EngineEvent& e) -> py::object {
+                               if (!e.transition) return py::none();
+                               const SchedulingTransition& t = *e.transition;
+                               auto progress = [](const WorkProgress& p) {
+                                 return py::dict(py::arg("prefill_tokens") = p.prefill,
+                                                 py::arg("decode_tokens") = p.decode,
+                                                 py::arg("replayed_tokens") = p.replay);
+                               };
+                               return py::dict(
+                                   py::arg("transition") = t.name, py::arg("preemption_index") = t.preemption_index,
+                                   py::arg("route") = t.route.empty() ? py::object(py::none()) : py::str(t.route),
+                                   py::arg("steady_ns") = t.steady_ns, py::arg("elapsed_ns") = t.elapsed_ns,
+                                   py::arg("progress") = py::dict(py::arg("global") = progress(t.global),
+                                                                  py::arg("request") = progress(t.request)));
+                             })
       .def_property_readonly("scheduling",
                              [](const EngineEvent& e) {
                                return py::dict(py::arg("preemptions") = e.scheduling.preemptions,

@@ -385,6 +385,26 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
   return event;
 }
 
+EngineEvent Engine::transition_event(const Sequence& seq, const char* name, const char* route) const {
+  EngineEvent event;
+  event.request_id = seq.id;
+  event.kind = EventKind::Scheduling;
+  SchedulingTransition t;
+  t.name = name;
+  t.preemption_index = seq.pauses;
+  if (route != nullptr) t.route = route;
+  const auto now = EngineClock::now();
+  t.steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  t.elapsed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - seq.submitted).count();
+  const uint64_t replayed = tokens_replayed_.load();
+  t.global = {tokens_prefilled_.load() - std::min(replayed, tokens_prefilled_.load()), decode_tokens_.load(), replayed};
+  t.request = {static_cast<uint64_t>(seq.prefilled_tokens),
+               static_cast<uint64_t>(std::max<int64_t>(static_cast<int64_t>(seq.output.size()) - 1, 0)),
+               static_cast<uint64_t>(seq.replayed_tokens)};
+  event.transition = std::move(t);
+  return event;
+}
+
 void Engine::finish(Sequence& seq, EngineEvent& event, FinishReason reason) const {
   seq.phase = Phase::Finished;
   event.finished = true;
@@ -472,6 +492,8 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
     if (seq->ever_admitted) {  // a paused request restored: no second admission
       seq->paused_ms += elapsed_ms(seq->paused_at, now);
       replay_restores_.fetch_add(1, std::memory_order_relaxed);
+      events.push_back(transition_event(*seq, "restore_started", "replay"));
+      events.push_back(transition_event(*seq, "restored", "replay"));
       continue;
     }
     seq->ever_admitted = true;
@@ -481,6 +503,10 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
     events.push_back(base_event(*seq, EventKind::Admitted));
   }
   scheduler_.plan(step_);
+  for (Sequence* seq : scheduler_.take_paused_now()) {
+    events.push_back(transition_event(*seq, "pause_started", nullptr));
+    events.push_back(transition_event(*seq, "paused", "replay"));
+  }
   int32_t prefilling = 0, decode_ready = 0, replaying = 0;
   for (const Sequence* seq : scheduler_.resident()) {
     if (seq->phase == Phase::Prefilling) ++prefilling;
@@ -537,17 +563,38 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     // Prefill slices of paused requests rebuilding their state (before commit_step, which
     // gives a completed fresh prefill its first output token).
     uint64_t replayed = 0;
+    std::vector<Sequence*> replays_done;
     for (size_t i = static_cast<size_t>(step_.decode_rows); i < step_.rows.size(); ++i) {
       Sequence& seq = *step_.rows[i];
-      if (!seq.replaying()) continue;
-      seq.replayed_tokens += step_.batch.slices[i].num_tokens;
-      replayed += static_cast<uint64_t>(step_.batch.slices[i].num_tokens);
+      const int32_t count = step_.batch.slices[i].num_tokens;
+      if (!seq.replaying()) {
+        seq.prefilled_tokens += count;
+        continue;
+      }
+      seq.replayed_tokens += count;
+      replayed += static_cast<uint64_t>(count);
+      if (seq.cached + count >= seq.prefill_target()) replays_done.push_back(&seq);
     }
     tokens_replayed_.fetch_add(replayed, std::memory_order_relaxed);
+    // Decode rows of requests whose replay ended: this unit is their first fresh work.
+    std::vector<Sequence*> recovered;
+    for (int32_t i = 0; i < step_.decode_rows; ++i) {
+      Sequence* seq = step_.rows[static_cast<size_t>(i)];
+      if (seq->recovering) recovered.push_back(seq);
+    }
     if (step_.decode_rows > 0) {
       decode_rounds_.fetch_add(1, std::memory_order_relaxed);
       const double share = elapsed_ms(started, EngineClock::now()) / (step_.decode_rows + step_.prefill_tokens);
       for (int32_t i = 0; i < step_.decode_rows; ++i) step_.rows[static_cast<size_t>(i)]->decode_share_ms += share;
+    }
+    // Before the unit's outputs, so that a request's finished event stays its last one.
+    for (Sequence* seq : replays_done) {
+      seq->recovering = true;
+      events.push_back(transition_event(*seq, "replay_complete", "replay"));
+    }
+    for (Sequence* seq : recovered) {
+      seq->recovering = false;
+      events.push_back(transition_event(*seq, "recovery_complete", "replay"));
     }
     commit_step(events, done, on_device);
   }

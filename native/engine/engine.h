@@ -211,6 +211,8 @@ class Engine {
   // Masks `logits` with the sequence's grammar; false at a dead end (no token allowed).
   bool mask_constrained_row(Sequence& seq, std::span<float> logits) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
+  // A Scheduling event for `seq` at transition `name` (engine/engine_event.h).
+  EngineEvent transition_event(const Sequence& seq, const char* name, const char* route) const;
   void finish(Sequence& seq, EngineEvent& event, FinishReason reason) const;
   void count_outcome(const EngineEvent& event) const;
   void throw_if_injected();

@@ -123,6 +123,7 @@ void Scheduler::pause(Sequence& seq) {
   ++seq.pauses;
   ++pauses_;
   seq.paused_at = EngineClock::now();
+  paused_now_.push_back(&seq);
   const int lane = seq.lane;
   seq.lane = -1;
   auto owner = std::move(lanes_[static_cast<size_t>(lane)]);

@@ -77,6 +77,8 @@ struct Sequence {
   uint64_t endpoint_key = 0;       // block of this request's latest decode snapshot (0: none)
   int32_t pauses = 0;
   int64_t replayed_tokens = 0;            // tokens recomputed by replays after pauses
+  int64_t prefilled_tokens = 0;           // prompt tokens computed by initial prefill
+  bool recovering = false;                // replayed, waiting for its first fresh unit
   double paused_ms = 0;                   // time spent paused, over completed pauses
   EngineClock::time_point paused_at{};    // the latest pause
 

@@ -225,6 +225,11 @@ class RequestHandle:
 
     def _deliver(self, core_event: Any) -> None:
         kind = core_event.kind
+        if kind == "scheduling":  # a pause/restore boundary: for the request log only
+            observe = self._engine.on_scheduling
+            if observe is not None:
+                observe(self.request_id, core_event.transition)
+            return
         if kind == "admitted":
             self.cached_tokens = getattr(core_event, "cached_tokens", 0)
             self._admission.set()
@@ -304,6 +309,8 @@ class AsyncEngine:
         # Called once, on the event loop, when a fatal device error stopped the engine (the
         # server then exits: the device cannot be used again in this process).
         self.on_device_failure: Callable[[str], None] | None = None
+        # Called with (request id, transition) at each pause/restore boundary of a request.
+        self.on_scheduling: Callable[[int, dict[str, Any]], None] | None = None
         self._device_failure_reported = False
 
     # --- construction --------------------------------------------------------------------

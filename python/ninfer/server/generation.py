@@ -54,7 +54,13 @@ async def run_generation(
             seed = getattr(handle, "seed", None)
             if seed is None:  # the engine did not say: the request's own, if any
                 seed = generation.sampling.seed
-            record = telemetry.start(request, generation, shape, seed)
+            record = telemetry.start(
+                request,
+                generation,
+                shape,
+                seed,
+                engine_request_id=getattr(handle, "request_id", None),
+            )
             handle = ObservedHandle(handle, record, telemetry)
         watcher.on_disconnect(handle.cancel)
         final: EngineEvent | None = None

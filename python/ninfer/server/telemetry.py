@@ -60,6 +60,7 @@ class RequestRecord:
     admission_error: Exception | None = None
     generated_token_ids: list[int] = field(default_factory=list)
     turn: Any = None  # the protocol's TurnResult, when it reported one
+    engine_request_id: int | None = None  # the core's id (its scheduling events name it)
 
 
 class ObservedHandle:
@@ -150,6 +151,7 @@ class Telemetry:
         # After a fatal device error the process exits as a crash would: the requests in
         # flight get no terminal JSONL record (their clients still get an error answer).
         self.device_failed = False
+        self._by_engine_id: dict[int, RequestRecord] = {}  # started, not yet settled
 
     # --- records -------------------------------------------------------------------------
 
@@ -177,6 +179,8 @@ class Telemetry:
         generation: GenerationRequest,
         shape: dict[str, Any] | None,
         seed: int | None = None,
+        *,
+        engine_request_id: int | None = None,
     ) -> RequestRecord:
         now = time.perf_counter()
         record = RequestRecord(
@@ -188,6 +192,9 @@ class Telemetry:
             submitted=now,
         )
         request.generation_number = record.number
+        if engine_request_id is not None:
+            record.engine_request_id = engine_request_id
+            self._by_engine_id[engine_request_id] = record
         if self.request_log is not None:
             start = self.base("request_start")
             start.update(
@@ -254,6 +261,10 @@ class Telemetry:
         """Once per started generation, after the protocol's answer ended."""
         now = time.perf_counter()
         final = record.final
+        self._forget(record)
+        preemptions = int(((final.scheduling if final else None) or {}).get("preemptions", 0))
+        if preemptions:
+            self._terminal_boundary(record, final, preemptions)
         reason = final.finish_reason if final is not None else None
         if reason in ("stop", "length") and not response_failed:
             self._done(record, final, now)
@@ -272,6 +283,50 @@ class Telemetry:
             message = (final.error if final is not None else None) or "the generation failed"
             self._error(record, now, "failed", message)
         self._changed()
+
+    # --- pause/restore boundaries (request_scheduling) -------------------------------------
+
+    def scheduling(self, engine_request_id: int, transition: dict[str, Any]) -> None:
+        """AsyncEngine.on_scheduling: one boundary of a request's pause cycle."""
+        record = self._by_engine_id.get(engine_request_id)
+        if record is None or self.request_log is None:
+            return
+        out = self.base("request_scheduling")
+        out.update(
+            request_id=record.number,
+            http_request_id=record.http_request_id,
+            protocol=record.protocol,
+            **transition,
+        )
+        self.write(out)
+        log.debug(
+            "req#%d %s (pause %d)",
+            record.number,
+            transition.get("transition"),
+            transition.get("preemption_index", 0),
+        )
+
+    def _terminal_boundary(
+        self, record: RequestRecord, final: EngineEvent | None, preemptions: int
+    ) -> None:
+        """The end of a preempted request's last pause cycle, before its terminal record."""
+        if self.request_log is None:
+            return
+        out = self.base("request_scheduling")
+        out.update(
+            request_id=record.number,
+            http_request_id=record.http_request_id,
+            protocol=record.protocol,
+            transition="terminal",
+            preemption_index=preemptions,
+            route="replay",
+            finish_reason=final.finish_reason if final is not None else None,
+        )
+        self.write(out)
+
+    def _forget(self, record: RequestRecord) -> None:
+        if record.engine_request_id is not None:
+            self._by_engine_id.pop(record.engine_request_id, None)
 
     # --- terminal records ----------------------------------------------------------------
 
