@@ -492,6 +492,7 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
     if (seq->ever_admitted) {  // a paused request restored: no second admission
       seq->paused_ms += elapsed_ms(seq->paused_at, now);
       replay_restores_.fetch_add(1, std::memory_order_relaxed);
+      seq->replay_pending = true;
       events.push_back(transition_event(*seq, "restore_started", "replay"));
       events.push_back(transition_event(*seq, "restored", "replay"));
       continue;
@@ -510,7 +511,7 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   int32_t prefilling = 0, decode_ready = 0, replaying = 0;
   for (const Sequence* seq : scheduler_.resident()) {
     if (seq->phase == Phase::Prefilling) ++prefilling;
-    if (seq->phase == Phase::Prefilling && seq->replaying()) ++replaying;
+    if (seq->phase == Phase::Prefilling && seq->replay_pending) ++replaying;
     if (seq->phase == Phase::Decoding) ++decode_ready;
   }
   prefilling_gauge_ = prefilling;
@@ -560,41 +561,41 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     failures_gauge_ = 0;
     decode_rows_.fetch_add(static_cast<uint64_t>(step_.decode_rows), std::memory_order_relaxed);
     tokens_prefilled_.fetch_add(static_cast<uint64_t>(step_.prefill_tokens), std::memory_order_relaxed);
-    // Prefill slices of paused requests rebuilding their state (before commit_step, which
-    // gives a completed fresh prefill its first output token).
+    // Prefill slices below the frontier a paused request had reached are replay (a
+    // recomputation), the rest initial prefill; and the boundaries of recovering requests.
+    // Published before the unit's outputs, so that a request's finished event stays last.
     uint64_t replayed = 0;
-    std::vector<Sequence*> replays_done;
+    std::vector<std::pair<Sequence*, const char*>> marks;  // published once counted
+    for (int32_t i = 0; i < step_.decode_rows; ++i) {
+      Sequence& seq = *step_.rows[static_cast<size_t>(i)];
+      if (!seq.recovering) continue;  // a decode row after a replay: its first fresh unit
+      seq.recovering = false;
+      marks.emplace_back(&seq, "recovery_complete");
+    }
     for (size_t i = static_cast<size_t>(step_.decode_rows); i < step_.rows.size(); ++i) {
       Sequence& seq = *step_.rows[i];
       const int32_t count = step_.batch.slices[i].num_tokens;
-      if (!seq.replaying()) {
-        seq.prefilled_tokens += count;
-        continue;
+      const int32_t start = seq.cached, end = start + count, high = seq.computed_high;
+      const int32_t replay = std::clamp(high - start, 0, count);
+      seq.replayed_tokens += replay;
+      seq.prefilled_tokens += count - replay;
+      replayed += static_cast<uint64_t>(replay);
+      if (seq.replay_pending && end >= high) {
+        seq.replay_pending = false;
+        marks.emplace_back(&seq, "replay_complete");
+        seq.recovering = end == high;  // else this slice already holds fresh prompt
+        if (!seq.recovering) marks.emplace_back(&seq, "recovery_complete");
+      } else if (seq.recovering && count > replay) {
+        seq.recovering = false;
+        marks.emplace_back(&seq, "recovery_complete");
       }
-      seq.replayed_tokens += count;
-      replayed += static_cast<uint64_t>(count);
-      if (seq.cached + count >= seq.prefill_target()) replays_done.push_back(&seq);
     }
     tokens_replayed_.fetch_add(replayed, std::memory_order_relaxed);
-    // Decode rows of requests whose replay ended: this unit is their first fresh work.
-    std::vector<Sequence*> recovered;
-    for (int32_t i = 0; i < step_.decode_rows; ++i) {
-      Sequence* seq = step_.rows[static_cast<size_t>(i)];
-      if (seq->recovering) recovered.push_back(seq);
-    }
+    for (const auto& [seq, name] : marks) events.push_back(transition_event(*seq, name, "replay"));
     if (step_.decode_rows > 0) {
       decode_rounds_.fetch_add(1, std::memory_order_relaxed);
       const double share = elapsed_ms(started, EngineClock::now()) / (step_.decode_rows + step_.prefill_tokens);
       for (int32_t i = 0; i < step_.decode_rows; ++i) step_.rows[static_cast<size_t>(i)]->decode_share_ms += share;
-    }
-    // Before the unit's outputs, so that a request's finished event stays its last one.
-    for (Sequence* seq : replays_done) {
-      seq->recovering = true;
-      events.push_back(transition_event(*seq, "replay_complete", "replay"));
-    }
-    for (Sequence* seq : recovered) {
-      seq->recovering = false;
-      events.push_back(transition_event(*seq, "recovery_complete", "replay"));
     }
     commit_step(events, done, on_device);
   }

@@ -115,6 +115,7 @@ void Scheduler::drop_pages(Sequence& seq) {
 
 void Scheduler::pause(Sequence& seq) {
   // Full blocks are already in the cache (published after every step); the rest is rebuilt.
+  seq.computed_high = std::max(seq.computed_high, seq.cached);
   drop_pages(seq);
   seq.cached = 0;
   seq.taps.clear();
