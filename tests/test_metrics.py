@@ -28,6 +28,7 @@ FAMILIES = (
     "ninfer_requests_decode_ready",
     "ninfer_requests_paused",
     "ninfer_requests_replaying",
+    "ninfer_requests_materializing",
     "ninfer_replayed_tokens",
     "ninfer_preemptions",
     "ninfer_snapshot_restores",

@@ -158,15 +158,25 @@ def _done_records(server, count: int) -> list[dict[str, Any]]:
     return done()
 
 
-def test_request_done_has_every_field_in_order(server):
+def test_request_done_has_every_field_in_order(server, caplog):
     long_prompt = " ".join(f"word{i}" for i in range(120))
-    replies = [
-        _chat(server, "hi", temperature=0, max_tokens=5),
-        _chat(server, long_prompt, temperature=0, max_tokens=4),
-        _chat(server, long_prompt, temperature=0, max_tokens=4),
-        _chat(server, "json", response_format={"type": "json_object"}, max_tokens=8),
+    with caplog.at_level("INFO", logger="ninfer.server"):
+        replies = [
+            _chat(server, "hi", temperature=0, max_tokens=5),
+            _chat(server, long_prompt, temperature=0, max_tokens=4),
+            _chat(server, long_prompt, temperature=0, max_tokens=4),
+            _chat(server, "json", response_format={"type": "json_object"}, max_tokens=8),
+        ]
+        records = _done_records(server, len(replies))[-len(replies) :]
+    done_lines = [
+        r.getMessage() for r in caplog.records if " done: chat/completions" in r.getMessage()
     ]
-    records = _done_records(server, len(replies))[-len(replies) :]
+    hit = records[2]["result"]["prefix_cache_hit_tokens"]
+    share = 100 * hit // records[2]["result"]["prompt_tokens"]
+    # The console's completion record: `cache N (P%, path)`, rounded; JSONL has the exact fields.
+    assert f"req#{records[2]['request_id']} done: chat/completions" in done_lines[2]
+    assert f", cache {hit} ({share}%, hybrid snapshot), " in done_lines[2]
+    assert ", cache 0, " in done_lines[1]
     for record in records:
         check_layout(record, REQUEST_DONE)
         assert record["schema"] == SCHEMA and record["schema_version"] == SCHEMA_VERSION == 26

@@ -157,15 +157,25 @@ class _EngineCollector:
             "Main KV pool pages in use",
             total - int(stats.get("kv_pages_free", total)),
         )
+        # Device state images: one per lane plus the prefix cache's snapshot slots, which
+        # retained history occupies as requests do (hybrid models; 0 for pure attention).
+        cache = stats.get("prefix_cache") or {}
+        lanes_total = int(stats.get("state_slots_total", 0))
         yield _gauge(
             "ninfer_device_state_capacity_slots",
-            "Recurrent-state slots (hybrid models; 0 for pure attention)",
-            stats.get("state_slots_total", 0),
+            "Recurrent-state images: lanes plus prefix-cache snapshot slots (hybrid models)",
+            lanes_total + (int(cache.get("snapshot_slots", 0)) if lanes_total else 0),
         )
         yield _gauge(
             "ninfer_device_state_used_slots",
-            "Recurrent-state slots holding a request",
-            stats.get("state_slots_used", 0),
+            "Recurrent-state images holding a request or a cached snapshot",
+            int(stats.get("state_slots_used", 0))
+            + (int(cache.get("snapshots", 0)) if lanes_total else 0),
+        )
+        yield _gauge(
+            "ninfer_requests_materializing",
+            "Requests whose context is being copied in from a host tier (none: no host tier)",
+            0,
         )
         # The output-constraint families (ninfer_constraint_*) and the speculative-decoding
         # families (ninfer_spec_decode_*) are exported by those features, after this point.
