@@ -26,6 +26,13 @@ FAMILIES = (
     "ninfer_requests_waiting",
     "ninfer_requests_prefilling",
     "ninfer_requests_decode_ready",
+    "ninfer_requests_paused",
+    "ninfer_requests_replaying",
+    "ninfer_requests_materializing",
+    "ninfer_replayed_tokens",
+    "ninfer_preemptions",
+    "ninfer_snapshot_restores",
+    "ninfer_replay_restores",
     "ninfer_prompt_tokens",
     "ninfer_prompt_tokens_cached",
     "ninfer_prefill_tokens",
@@ -189,7 +196,9 @@ def test_request_log_has_one_terminal_record_per_started_request(server):
     assert ids(records, "request_done", "request_error") == ids(records, "request_start")
     done = [r for r in records if r["event"] == "request_done"]
     assert done and all(r["timings_seconds"]["total"] >= r["timings_seconds"]["ttft"] for r in done)
-    assert all(len(r["generated_token_ids"]) == r["completion_tokens"] for r in done)
+    assert all(
+        len(r["result"]["generated_token_ids"]) == r["result"]["completion_tokens"] for r in done
+    )
     kinds = {r["error"]["kind"] for r in records if r["event"] == "request_error"}
     assert {"failed", "cancelled"} <= kinds
     rejected = [r for r in records if r["event"] == "request_rejected"]

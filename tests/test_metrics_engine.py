@@ -6,6 +6,8 @@ test hook (`inject_step_failures`), so recovery and engine death run the real co
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 
@@ -133,5 +135,42 @@ def test_eight_failures_in_a_row_end_the_engine(artifact):
         assert metrics.value("ninfer_engine_ready") == 0
         assert metrics.outcome("failed") == 8
         assert chat(running, "x", max_tokens=4).status_code == 503
+    finally:
+        running.stop()
+
+
+def test_pressure_pauses_are_counted(artifact):
+    """Four long requests over a 10-page KV pool: younger ones are paused and replayed, and
+    the pause families say so (prefill excludes the replayed tokens)."""
+    config = EngineConfig(max_concurrency=4, max_context=512, prefill_chunk=32,
+                          max_pending_requests=4, kv_capacity=640)  # fmt: skip
+    running = start_server(AsyncEngine.open(artifact, config))
+    try:
+        body = {"max_tokens": 150, "ignore_eos": True, "temperature": 0}
+        for _ in range(5):  # the requests must overlap; a busy machine may serialise them
+            before = scrape(running.base_url)
+            with ThreadPoolExecutor(4) as pool:
+                replies = list(
+                    pool.map(lambda i: chat(running, f"{i} " + "word " * (60 + 20 * i), **body),
+                             range(4))
+                )  # fmt: skip
+            assert all(reply.status_code == 200 for reply in replies)
+            after = scrape_settled(running.base_url, before, 4)
+            if after.value("ninfer_preemptions_total") > before.value("ninfer_preemptions_total"):
+                break
+        else:
+            raise AssertionError("no request was ever paused")
+
+        def grew(name: str) -> float:
+            return after.value(name) - before.value(name)
+
+        assert grew("ninfer_replay_restores_total") == grew("ninfer_preemptions_total")
+        assert grew("ninfer_replayed_tokens_total") > 0, running.engine.stats()
+        assert after.value("ninfer_snapshot_restores_total") == 0
+        prompt = sum(reply.json()["usage"]["prompt_tokens"] for reply in replies)
+        cached = grew("ninfer_prompt_tokens_cached_total")
+        assert grew("ninfer_prefill_tokens_total") == prompt - cached
+        assert after.value("ninfer_requests_paused") == 0
+        assert after.value("ninfer_requests_replaying") == 0
     finally:
         running.stop()

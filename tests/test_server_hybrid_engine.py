@@ -142,8 +142,11 @@ def test_metrics_report_the_hybrid_state_slots_and_tokens(server):
     before = scrape(server.base_url)
     usage = _chat(server, PROMPTS[0], max_tokens=7)["usage"]
     after = scrape(server.base_url)
-    assert after.value("ninfer_device_state_capacity_slots") == 4  # one per lane
-    assert after.value("ninfer_device_state_used_slots") == 0
+    cache = server.engine.stats()["prefix_cache"]  # idle: nothing changes it meanwhile
+    # One image per lane plus the prefix cache's snapshot slots; only snapshots are held now.
+    assert after.value("ninfer_device_state_capacity_slots") == 4 + cache["snapshot_slots"]
+    assert cache["snapshot_slots"] > 0
+    assert after.value("ninfer_device_state_used_slots") == cache["snapshots"]
     grown = after.value("ninfer_generation_tokens_total") - before.value(
         "ninfer_generation_tokens_total"
     )

@@ -64,6 +64,7 @@ const char* kind_name(EventKind k) {
     case EventKind::Output: return "output";
     case EventKind::QueueTimeout: return "queue_timeout";
     case EventKind::PromptProgress: return "prompt_progress";
+    case EventKind::Scheduling: return "scheduling";
   }
   return "?";
 }
@@ -164,6 +165,9 @@ py::dict stats_dict(const EngineStats& s) {
   d["spec_ngram_draft_tokens"] = s.spec_ngram_draft_tokens;
   d["spec_ngram_accepted_tokens"] = s.spec_ngram_accepted_tokens;
   d["spec_fallback_steps"] = s.spec_fallback_steps;
+  d["replay_restores"] = s.replay_restores;
+  d["tokens_replayed"] = s.tokens_replayed;
+  d["replaying"] = s.replaying;
   return d;
 }
 
@@ -282,6 +286,28 @@ void bind_events(py::module_& m) {
                              })
       .def_property_readonly("draft_n", [](const EngineEvent& e) { return e.timings.draft_n; })
       .def_property_readonly("draft_n_accepted", [](const EngineEvent& e) { return e.timings.draft_n_accepted; })
+      .def_property_readonly("transition",
+                             [](const EngineEvent& e) -> py::object {
+                               if (!e.transition) return py::none();
+                               const SchedulingTransition& t = *e.transition;
+                               auto progress = [](const WorkProgress& p) {
+                                 return py::dict(py::arg("prefill_tokens") = p.prefill,
+                                                 py::arg("decode_tokens") = p.decode,
+                                                 py::arg("replayed_tokens") = p.replay);
+                               };
+                               return py::dict(
+                                   py::arg("transition") = t.name, py::arg("preemption_index") = t.preemption_index,
+                                   py::arg("route") = t.route.empty() ? py::object(py::none()) : py::str(t.route),
+                                   py::arg("steady_ns") = t.steady_ns, py::arg("elapsed_ns") = t.elapsed_ns,
+                                   py::arg("progress") = py::dict(py::arg("global") = progress(t.global),
+                                                                  py::arg("request") = progress(t.request)));
+                             })
+      .def_property_readonly("scheduling",
+                             [](const EngineEvent& e) {
+                               return py::dict(py::arg("preemptions") = e.scheduling.preemptions,
+                                               py::arg("replayed_tokens") = e.scheduling.replayed_tokens,
+                                               py::arg("paused_seconds") = e.scheduling.paused_ms / 1000.0);
+                             })
       .def_property_readonly("error", [](const EngineEvent& e) -> py::object {
         if (e.error.empty()) return py::none();
         return py::str(e.error);
@@ -498,6 +524,17 @@ void bind_engine_class(py::module_& m) {
           py::arg("count"), py::kw_only(), py::arg("out_of_memory") = false,
           "Test hook: the next `count` model steps fail (as out of memory, or as a failed check) "
           "through the engine's recovery path.")
+      .def(
+          "inject_device_fault", [](PyEngine& self, int after_steps) { self.engine->inject_device_fault(after_steps); },
+          py::arg("after_steps"),
+          "Test hook: after `after_steps` more model steps, the next one fails with a fatal device error "
+          "(as a CUDA illegal address would): the engine stops and reports device_failure.")
+      .def_property_readonly("device_failure",
+                             [](const PyEngine& self) -> py::object {
+                               std::string what = self.engine->device_failure();
+                               if (what.empty()) return py::none();
+                               return py::str(what);
+                             })
       .def(
           "toy_fail_next_forwards",
           [](PyEngine& self, int count) {

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "backends/device_error.h"
 #include "engine/constraint_matcher.h"
 
 namespace ninfer {
@@ -302,6 +303,9 @@ EngineStats Engine::stats(bool check_cache) const {
   s.spec_ngram_draft_tokens = spec_ngram_draft_tokens_.load();
   s.spec_ngram_accepted_tokens = spec_ngram_accepted_tokens_.load();
   s.spec_fallback_steps = spec_fallback_steps_.load();
+  s.replay_restores = replay_restores_.load();
+  s.tokens_replayed = tokens_replayed_.load();
+  s.replaying = replaying_gauge_.load();
   return s;
 }
 
@@ -310,7 +314,29 @@ void Engine::inject_step_failures(int count, bool out_of_memory) {
   injected_failures_ = std::max(count, 0);
 }
 
+void Engine::inject_device_fault(int after_steps) { device_fault_after_ = std::max(after_steps, -1); }
+
+std::string Engine::device_failure() const {
+  std::lock_guard lock(mu_);
+  return device_failure_;
+}
+
+void Engine::fail_device(const std::string& what) {
+  {
+    std::lock_guard lock(mu_);
+    device_failure_ = what;
+  }
+  fail_everything("device failure: " + what);
+}
+
 void Engine::throw_if_injected() {
+  int fault = device_fault_after_.load();
+  while (fault >= 0 && !device_fault_after_.compare_exchange_weak(fault, fault - 1)) {
+  }
+  if (fault == 0)
+    throw DeviceFatalError(
+        "CUDA_CHECK(cudaStreamSynchronize(stream)) failed: cudaErrorIllegalAddress (an illegal memory "
+        "access was encountered) [injected by the engine's device-fault test hook]");
   int left = injected_failures_.load();
   while (left > 0 && !injected_failures_.compare_exchange_weak(left, left - 1)) {
   }
@@ -359,6 +385,10 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
   event.prompt_processed = std::min(seq.cached, seq.prompt_len());
   event.completion_tokens = static_cast<int32_t>(seq.output.size());
   const auto now = EngineClock::now();
+  event.scheduling.preemptions = seq.pauses;
+  event.scheduling.replayed_tokens = seq.replayed_tokens;
+  event.scheduling.paused_ms = seq.paused_ms;
+  if (seq.phase == Phase::Pending && seq.ever_admitted) event.scheduling.paused_ms += elapsed_ms(seq.paused_at, now);
   if (seq.phase == Phase::Pending) {
     event.timings.queue_ms = elapsed_ms(seq.submitted, now);
   } else {
@@ -373,6 +403,26 @@ EngineEvent Engine::base_event(const Sequence& seq, EventKind kind) const {
   }
   event.timings.draft_n = seq.draft_n;
   event.timings.draft_n_accepted = seq.draft_n_accepted;
+  return event;
+}
+
+EngineEvent Engine::transition_event(const Sequence& seq, const char* name, const char* route) const {
+  EngineEvent event;
+  event.request_id = seq.id;
+  event.kind = EventKind::Scheduling;
+  SchedulingTransition t;
+  t.name = name;
+  t.preemption_index = seq.pauses;
+  if (route != nullptr) t.route = route;
+  const auto now = EngineClock::now();
+  t.steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  t.elapsed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - seq.submitted).count();
+  const uint64_t replayed = tokens_replayed_.load();
+  t.global = {tokens_prefilled_.load() - std::min(replayed, tokens_prefilled_.load()), decode_tokens_.load(), replayed};
+  t.request = {static_cast<uint64_t>(seq.prefilled_tokens),
+               static_cast<uint64_t>(std::max<int64_t>(static_cast<int64_t>(seq.output.size()) - 1, 0)),
+               static_cast<uint64_t>(seq.replayed_tokens)};
+  event.transition = std::move(t);
   return event;
 }
 
@@ -428,6 +478,9 @@ void Engine::run() {
         return;
       }
     }
+  } catch (const DeviceFatalError& e) {
+    fail_device(e.what());
+    return;
   } catch (const std::exception& e) {
     fail_everything(std::string("worker crash: ") + e.what());
     return;
@@ -458,7 +511,14 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   for (Sequence* seq : scheduler_.admit(now)) {
     model_->reset_lane(seq->lane);
     restore_prefix(*seq);
-    if (seq->ever_admitted) continue;  // a paused request restored: no second admission
+    if (seq->ever_admitted) {  // a paused request restored: no second admission
+      seq->paused_ms += elapsed_ms(seq->paused_at, now);
+      replay_restores_.fetch_add(1, std::memory_order_relaxed);
+      seq->replay_pending = true;
+      events.push_back(transition_event(*seq, "restore_started", "replay"));
+      events.push_back(transition_event(*seq, "restored", "replay"));
+      continue;
+    }
     seq->ever_admitted = true;
     requests_admitted_.fetch_add(1, std::memory_order_relaxed);
     prompt_tokens_.fetch_add(static_cast<uint64_t>(seq->prompt_len()), std::memory_order_relaxed);
@@ -468,13 +528,19 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   if (speculating()) choose_drafts();
   scheduler_.plan(step_);
   step_.batch.hidden_out = mtp_ ? hidden_.data() : nullptr;
-  int32_t prefilling = 0, decode_ready = 0;
+  for (Sequence* seq : scheduler_.take_paused_now()) {
+    events.push_back(transition_event(*seq, "pause_started", nullptr));
+    events.push_back(transition_event(*seq, "paused", "replay"));
+  }
+  int32_t prefilling = 0, decode_ready = 0, replaying = 0;
   for (const Sequence* seq : scheduler_.resident()) {
     if (seq->phase == Phase::Prefilling) ++prefilling;
+    if (seq->phase == Phase::Prefilling && seq->replay_pending) ++replaying;
     if (seq->phase == Phase::Decoding) ++decode_ready;
   }
   prefilling_gauge_ = prefilling;
   decode_ready_gauge_ = decode_ready;
+  replaying_gauge_ = replaying;
   return true;
 }
 
@@ -491,6 +557,8 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     } else {
       model_->forward(step_.batch, logits_.data());
     }
+  } catch (const DeviceFatalError&) {
+    throw;  // not a failed unit: the device is unusable (run() stops the engine)
   } catch (const std::exception& e) {
     error = e.what();
     out_of_memory = is_out_of_memory(e);
@@ -517,6 +585,37 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     failures_gauge_ = 0;
     decode_rows_.fetch_add(static_cast<uint64_t>(step_.decode_rows), std::memory_order_relaxed);
     tokens_prefilled_.fetch_add(static_cast<uint64_t>(step_.prefill_tokens), std::memory_order_relaxed);
+    // Prefill slices below the frontier a paused request had reached are replay (a
+    // recomputation), the rest initial prefill; and the boundaries of recovering requests.
+    // Published before the unit's outputs, so that a request's finished event stays last.
+    uint64_t replayed = 0;
+    std::vector<std::pair<Sequence*, const char*>> marks;  // published once counted
+    for (int32_t i = 0; i < step_.decode_rows; ++i) {
+      Sequence& seq = *step_.rows[static_cast<size_t>(i)];
+      if (!seq.recovering) continue;  // a decode row after a replay: its first fresh unit
+      seq.recovering = false;
+      marks.emplace_back(&seq, "recovery_complete");
+    }
+    for (size_t i = static_cast<size_t>(step_.decode_rows); i < step_.rows.size(); ++i) {
+      Sequence& seq = *step_.rows[i];
+      const int32_t count = step_.batch.slices[i].num_tokens;
+      const int32_t start = seq.cached, end = start + count, high = seq.computed_high;
+      const int32_t replay = std::clamp(high - start, 0, count);
+      seq.replayed_tokens += replay;
+      seq.prefilled_tokens += count - replay;
+      replayed += static_cast<uint64_t>(replay);
+      if (seq.replay_pending && end >= high) {
+        seq.replay_pending = false;
+        marks.emplace_back(&seq, "replay_complete");
+        seq.recovering = end == high;  // else this slice already holds fresh prompt
+        if (!seq.recovering) marks.emplace_back(&seq, "recovery_complete");
+      } else if (seq.recovering && count > replay) {
+        seq.recovering = false;
+        marks.emplace_back(&seq, "recovery_complete");
+      }
+    }
+    tokens_replayed_.fetch_add(replayed, std::memory_order_relaxed);
+    for (const auto& [seq, name] : marks) events.push_back(transition_event(*seq, name, "replay"));
     if (step_.decode_rows > 0) {
       decode_rounds_.fetch_add(1, std::memory_order_relaxed);
       const double share = elapsed_ms(started, EngineClock::now()) / (step_.decode_rows + step_.prefill_tokens);

@@ -141,6 +141,12 @@ struct EngineStats {
   uint64_t spec_ngram_draft_tokens = 0;
   uint64_t spec_ngram_accepted_tokens = 0;
   uint64_t spec_fallback_steps = 0;  // decode rows of a speculating engine with nothing to verify
+  // Pause recovery: paused requests brought back (every restore replays: no pause snapshots),
+  // the prompt/output tokens those replays recomputed (also in tokens_prefilled), and the
+  // resident requests replaying now.
+  uint64_t replay_restores = 0;
+  uint64_t tokens_replayed = 0;
+  int32_t replaying = 0;
 };
 
 // What a prefix cache file save or load did.
@@ -178,6 +184,12 @@ class Engine {
   // Test hook: the next `count` units of work (model steps) fail before the forward, as an
   // out-of-memory condition or as a failed internal check, through the real recovery path.
   void inject_step_failures(int count, bool out_of_memory);
+  // Test hook: after `after_steps` more model steps, the next one fails with a fatal device
+  // error (DeviceFatalError, as a CUDA illegal address would), through the real path. < 0 disarms.
+  void inject_device_fault(int after_steps);
+  // The fatal device error that stopped the engine ("" while there was none). Once set, the
+  // device cannot be used again in this process (nothing is saved, the server exits).
+  std::string device_failure() const;
 
   // The prefix cache file (engine/prefix_cache_file.cpp). Save: after shutdown, every cached
   // block and snapshot to PATH.tmp, then renamed over PATH (a cut save leaves PATH as it
@@ -241,9 +253,13 @@ class Engine {
   // Masks `logits` with the sequence's grammar; false at a dead end (no token allowed).
   bool mask_constrained_row(Sequence& seq, std::span<float> logits) const;
   EngineEvent base_event(const Sequence& seq, EventKind kind) const;
+  // A Scheduling event for `seq` at transition `name` (engine/engine_event.h).
+  EngineEvent transition_event(const Sequence& seq, const char* name, const char* route) const;
   void finish(Sequence& seq, EngineEvent& event, FinishReason reason) const;
   void count_outcome(const EngineEvent& event) const;
   void throw_if_injected();
+  // A fatal device error on the worker: fails everything and records why (see device_failure).
+  void fail_device(const std::string& what);
   // Frees the lane and forgets the request; mu_ held. `seq` may be destroyed.
   void retire(Sequence& seq);
   void fail_everything(const std::string& message);
@@ -263,6 +279,7 @@ class Engine {
   uint64_t next_id_ = 1;
   bool stopping_ = false;
   std::string failure_;  // why the engine stopped, once it has
+  std::string device_failure_;  // a fatal device error, once one happened
 
   EventQueue events_;
   ThreadPool sampling_pool_;  // worker only: samples the rows of a step in parallel
@@ -291,6 +308,9 @@ class Engine {
   std::atomic<uint64_t> recoveries_out_of_memory_{0}, recoveries_failed_step_{0};
   mutable std::atomic<uint64_t> spec_rounds_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0},
       spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0}, spec_fallback_steps_{0};
+  std::atomic<uint64_t> replay_restores_{0}, tokens_replayed_{0};
+  std::atomic<int32_t> replaying_gauge_{0};
+  std::atomic<int> device_fault_after_{-1};
   std::atomic<int> injected_failures_{0};
   std::atomic<bool> injected_out_of_memory_{false};
 

@@ -15,6 +15,7 @@ enum class EventKind : uint8_t {
   Output,        // committed tokens; the last Output of a request has finished = true
   QueueTimeout,  // the request waited past its pending deadline; it is finished
   PromptProgress,  // a prefill chunk committed and prompt remains (only with report_progress)
+  Scheduling,      // a pause/restore transition of the request (see SchedulingTransition)
 };
 
 enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
@@ -45,6 +46,32 @@ struct SpeculativeTally {
   std::vector<int32_t> accepted_per_position;  // [i]: rounds whose proposal i was accepted
 };
 
+// How pressure pauses affected one request (a request is paused to let an older one grow,
+// and restored by replaying its prompt and output from the deepest cached prefix).
+struct RequestScheduling {
+  int32_t preemptions = 0;      // times the request was paused
+  int64_t replayed_tokens = 0;  // tokens recomputed by its replays (no new output)
+  double paused_ms = 0;         // time spent paused
+};
+
+// Token work counters at a scheduling transition: initial prefill, decode/control outputs
+// after each request's first, and replay recomputation.
+struct WorkProgress {
+  uint64_t prefill = 0, decode = 0, replay = 0;
+};
+
+// One boundary of a pause cycle: pause_started, paused, restore_started, restored,
+// replay_complete, recovery_complete. Pausing and binding take no separate time here (pages
+// are dropped and reserved inside one step boundary), so each pair shares its timestamp.
+struct SchedulingTransition {
+  std::string name;
+  int32_t preemption_index = 0;  // the pause cycle, 1 for the first
+  std::string route;             // "replay" (every restore rebuilds state by replaying)
+  int64_t steady_ns = 0;         // the worker's steady clock
+  int64_t elapsed_ns = 0;        // since the request was submitted
+  WorkProgress global, request;  // the engine's and this request's completed work
+};
+
 struct EngineEvent {
   uint64_t request_id = 0;
   EventKind kind = EventKind::Output;
@@ -60,6 +87,8 @@ struct EngineEvent {
   int32_t prompt_processed = 0;  // prompt tokens whose K/V are committed (the prompt's frontier)
   int32_t completion_tokens = 0;
   RequestTimings timings;
+  RequestScheduling scheduling;
+  std::optional<SchedulingTransition> transition;  // EventKind::Scheduling
   std::string error;  // FinishReason::Error
   SpeculativeTally speculative;  // finished events only
   std::optional<ConstraintStats> constraint;  // constrained requests, on the finished event

@@ -115,6 +115,7 @@ void Scheduler::drop_pages(Sequence& seq) {
 
 void Scheduler::pause(Sequence& seq) {
   // Full blocks are already in the cache (published after every step); the rest is rebuilt.
+  seq.computed_high = std::max(seq.computed_high, seq.cached);
   drop_pages(seq);
   seq.cached = 0;
   seq.taps.clear();
@@ -124,6 +125,8 @@ void Scheduler::pause(Sequence& seq) {
   seq.phase = Phase::Pending;
   ++seq.pauses;
   ++pauses_;
+  seq.paused_at = EngineClock::now();
+  paused_now_.push_back(&seq);
   const int lane = seq.lane;
   seq.lane = -1;
   auto owner = std::move(lanes_[static_cast<size_t>(lane)]);

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cache/kv_pool.h"
@@ -61,6 +62,8 @@ class Scheduler {
   // Removes and returns pending requests whose deadline is at or before `now`.
   std::vector<std::shared_ptr<Sequence>> take_expired(EngineClock::time_point now);
   std::vector<std::shared_ptr<Sequence>> take_all_pending();
+  // The requests paused since the last call (still owned by the paused queue).
+  std::vector<Sequence*> take_paused_now() { return std::exchange(paused_now_, {}); }
 
   // Moves paused (first, in original order) and pending requests that fit the pool into free
   // lanes; returns them. The caller then restores each one's cached prefix (Engine).
@@ -97,6 +100,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Sequence>> paused_;  // ascending id (original order)
   int running_ = 0;
   uint64_t pauses_ = 0;
+  std::vector<Sequence*> paused_now_;
 };
 
 }  // namespace ninfer

@@ -80,6 +80,13 @@ struct Sequence {
   std::vector<int32_t> taps;       // planned prefill snapshot positions, ascending
   uint64_t endpoint_key = 0;       // block of this request's latest decode snapshot (0: none)
   int32_t pauses = 0;
+  int64_t replayed_tokens = 0;            // tokens recomputed by replays after pauses
+  int64_t prefilled_tokens = 0;           // prompt tokens computed by initial prefill
+  int32_t computed_high = 0;              // the frontier reached before the latest pause
+  bool replay_pending = false;            // restored, rebuilding up to computed_high
+  bool recovering = false;                // replayed, waiting for its first fresh unit
+  double paused_ms = 0;                   // time spent paused, over completed pauses
+  EngineClock::time_point paused_at{};    // the latest pause
 
   EngineClock::time_point submitted{};
   std::optional<EngineClock::time_point> deadline;  // pending only

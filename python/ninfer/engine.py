@@ -28,7 +28,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -106,6 +106,7 @@ def _to_event(core_event: Any) -> EngineEvent:
         constraint=getattr(core_event, "constraint", None),
         cached_tokens=core_event.cached_tokens,
         speculative=core_event.speculative,
+        scheduling=getattr(core_event, "scheduling", None) if core_event.finished else None,
     )
 
 
@@ -231,6 +232,11 @@ class RequestHandle:
 
     def _deliver(self, core_event: Any) -> None:
         kind = core_event.kind
+        if kind == "scheduling":  # a pause/restore boundary: for the request log only
+            observe = self._engine.on_scheduling
+            if observe is not None:
+                observe(self.request_id, core_event.transition)
+            return
         if kind == "admitted":
             self.cached_tokens = getattr(core_event, "cached_tokens", 0)
             self._admission.set()
@@ -309,6 +315,12 @@ class AsyncEngine:
         self.prefix_cache_file: str | None = None  # saved on close when set
         # Seconds prepare_grammars took to build the grammar vocabulary (None: not built yet).
         self.grammar_vocabulary_seconds: float | None = None
+        # Called once, on the event loop, when a fatal device error stopped the engine (the
+        # server then exits: the device cannot be used again in this process).
+        self.on_device_failure: Callable[[str], None] | None = None
+        # Called with (request id, transition) at each pause/restore boundary of a request.
+        self.on_scheduling: Callable[[int, dict[str, Any]], None] | None = None
+        self._device_failure_reported = False
 
     # --- construction --------------------------------------------------------------------
 
@@ -349,6 +361,11 @@ class AsyncEngine:
     @property
     def healthy(self) -> bool:
         return not self._closed and bool(self._core.healthy)
+
+    @property
+    def device_failure(self) -> str | None:
+        """The fatal device error (e.g. a CUDA illegal address) that stopped the engine."""
+        return getattr(self._core, "device_failure", None)
 
     def chat_template(self) -> str | None:
         return self._chat_template
@@ -450,7 +467,9 @@ class AsyncEngine:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.event_fd)
         self._loop = None
-        if self.prefix_cache_file:
+        if self.prefix_cache_file and self.device_failure is not None:
+            _log.warning("not saving the prefix cache: the device failed, its contents are lost")
+        elif self.prefix_cache_file:
             _log.info("saving the prefix cache to %s", self.prefix_cache_file)
             report = await asyncio.to_thread(self._core.save_prefix_cache, self.prefix_cache_file)
             (_log.info if report["ok"] else _log.error)("prefix cache: %s", report["message"])
@@ -494,6 +513,17 @@ class AsyncEngine:
             self._log_failures(failures)
 
     def _log_failures(self, failures: set[str]) -> None:
+        device_failure = self.device_failure
+        if device_failure is not None:
+            if not self._device_failure_reported:
+                self._device_failure_reported = True
+                self._failure_logged = True
+                _log.critical(
+                    "engine | %s - the device cannot be used again: exiting", device_failure
+                )
+                if self.on_device_failure is not None:
+                    self.on_device_failure(device_failure)
+            return
         if not self._core.healthy:
             if not self._failure_logged:
                 self._failure_logged = True

@@ -93,6 +93,9 @@ class EngineEvent:
     # Set only on a prompt-progress event (GenerationRequest.report_progress): the prompt
     # tokens committed so far, after a prefill chunk that left more prompt. It has no tokens.
     prompt_processed: int | None = None
+    # On the finished event: how pressure pauses affected the request (preemptions,
+    # replayed_tokens, paused_seconds).
+    scheduling: dict[str, Any] | None = None
 
 
 class EngineError(Exception):

@@ -7,11 +7,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "backends/device_error.h"
+
 namespace ninfer::cuda {
 
+// Out of memory stays an ordinary exception (the engine fails the unit's requests and carries
+// on); every other CUDA error is a DeviceFatalError: the context is unusable from here on.
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  throw std::runtime_error(std::string("CUDA error: ") + what + " failed with " + cudaGetErrorName(err) + " (" +
-                           cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
+  const std::string message = std::string("CUDA_CHECK(") + what + ") failed: " + cudaGetErrorName(err) + " (" +
+                              cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line);
+  if (err == cudaErrorMemoryAllocation) throw std::runtime_error(message);  // "... (out of memory) ..."
+  throw DeviceFatalError(message);
 }
 
 }  // namespace ninfer::cuda

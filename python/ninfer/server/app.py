@@ -190,6 +190,8 @@ class NInferApp:
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         if self.telemetry.metrics is None:
             self.telemetry.metrics = self.metrics
+        if hasattr(served.engine, "on_scheduling"):  # pause/restore boundaries, for the log
+            served.engine.on_scheduling = self.telemetry.scheduling
         self.inflight = InflightRequests(self.telemetry)
         self.token_counts = TokenCountGate(config.token_count_capacity)
         self.response_store = ResponseStore(

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ninfer.default_model import ModelSourceError, resolve_model
-from ninfer.engine_types import EngineConfig
+from ninfer.engine_types import EngineConfig, EngineUnavailable
 from ninfer.protocols.served_model import ModelSetupError, ServedModel, load_served_model
 from ninfer.server.app import NInferApp
 from ninfer.server.config import AppConfig
+from ninfer.server.device_failure import DeviceFailureExit
 from ninfer.server.embedded import serve
 from ninfer.server.logs import configure_logging
 from ninfer.server.options import parse_args, process_sampling
@@ -56,11 +57,14 @@ def _main(args: argparse.Namespace) -> int:
     except (ModelSourceError, RequestLogError, OSError) as exc:
         log.error("%s", exc)
         return 1
+    device_exit = DeviceFailureExit(_exit_without_teardown)
     try:
-        reached_ready = asyncio.run(_run(args, artifact, template, request_log))
-    except (ModelSetupError, ModelSourceError, OSError) as exc:
+        reached_ready = asyncio.run(_run(args, artifact, template, request_log, device_exit))
+    except (ModelSetupError, ModelSourceError, EngineUnavailable, OSError) as exc:
         log.error("%s", exc)
-        return 1
+        return device_exit.status if device_exit.failed else 1
+    if device_exit.failed:
+        _exit_without_teardown(device_exit.status)  # a supervisor restarts the server
     if not reached_ready:
         return _startup_interrupted()
     _exit_without_teardown(0)
@@ -162,7 +166,11 @@ def _cuda_available() -> bool:
 
 
 async def _run(
-    args: argparse.Namespace, artifact: Path, template: str | None, request_log: RequestLog | None
+    args: argparse.Namespace,
+    artifact: Path,
+    template: str | None,
+    request_log: RequestLog | None,
+    device_exit: DeviceFailureExit | None = None,
 ) -> bool:
     """Load, warm up and serve until stopped; False when stopped before it was ready."""
     from ninfer.engine import AsyncEngine
@@ -183,6 +191,8 @@ async def _run(
     prepare_grammars = getattr(engine, "prepare_grammars", None)
     if prepare_grammars is not None:
         prepare_grammars()
+    if device_exit is not None:
+        engine.on_device_failure = device_exit.device_failed
     try:
         served = load_served_model(
             engine,
@@ -201,7 +211,11 @@ async def _run(
             max_output_tokens=args.max_output_tokens,
         )
         await engine.warmup()
+        if device_exit is not None:
+            device_exit.arm_test_hook(engine)
         telemetry = Telemetry(request_log=request_log)
+        if device_exit is not None:
+            device_exit.telemetry = telemetry
         if request_log is not None:
             request_log.start(server_start_record(telemetry, args, artifact, served, config))
         app = NInferApp(
@@ -230,6 +244,7 @@ async def _run(
                 is_ready=lambda: app.ready,
                 debug=args.log_level in ("trace", "debug"),
                 prompt=panel.set_prompt if panel is not None else None,
+                on_signals=device_exit.serving if device_exit is not None else None,
             )
         except BaseException:
             if panel is not None:

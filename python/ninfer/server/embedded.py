@@ -89,10 +89,12 @@ async def serve(
     is_ready: Callable[[], bool],
     debug: bool = False,
     prompt: Callable[[str | None], None] | None = None,
+    on_signals: Callable[[StopSignals], None] | None = None,
 ) -> StopSignals:
     """Serve until a signal stops it (stopping.py); `on_stop` runs first, so open streams end
     promptly. The signal handlers stay installed, so that one more Ctrl+C while the caller
-    closes the engine exits at once; the caller removes them when it is done."""
+    closes the engine exits at once; the caller removes them when it is done. `on_signals`
+    receives them once installed (the caller can then stop the server itself, `fail`)."""
     server = make_server(app, host, port, debug=debug)
 
     def stop() -> None:
@@ -101,6 +103,8 @@ async def serve(
 
     signals = StopSignals(asyncio.get_running_loop(), stop, is_ready, prompt=prompt)
     signals.install()
+    if on_signals is not None:
+        on_signals(signals)
     try:
         await server.serve()
     except BaseException:

@@ -54,7 +54,13 @@ async def run_generation(
             seed = getattr(handle, "seed", None)
             if seed is None:  # the engine did not say: the request's own, if any
                 seed = generation.sampling.seed
-            record = telemetry.start(request, generation, shape, seed)
+            record = telemetry.start(
+                request,
+                generation,
+                shape,
+                seed,
+                engine_request_id=getattr(handle, "request_id", None),
+            )
             handle = ObservedHandle(handle, record, telemetry)
         watcher.on_disconnect(handle.cancel)
         final: EngineEvent | None = None
@@ -128,12 +134,22 @@ async def wait_for_lane_streaming(
 
 
 CONSTRAINT_DEAD_END = "constraint_dead_end"  # the core's error prefix for an empty mask
+DEVICE_FAILURE = "device failure: "  # the core's error prefix after a fatal device error
 
 
 def raise_if_failed(event: EngineEvent) -> None:
     if event.finish_reason == "error" and (event.error or "").startswith(CONSTRAINT_DEAD_END):
         # The request's own constraint allows no continuation of what was generated.
         raise ApiError(400, event.error or CONSTRAINT_DEAD_END, code=CONSTRAINT_DEAD_END)
+    if event.finish_reason == "error" and (event.error or "").startswith(DEVICE_FAILURE):
+        # The process exits next (a supervisor restarts it): like a stop, retry later. The
+        # device error itself is in the server's log, not in answers.
+        raise ApiError(
+            503,
+            "the server's device failed with an unrecoverable error and the server is exiting; "
+            "retry once it has been restarted",
+            code="service_unavailable",
+        )
     if event.finish_reason == "error":
         raise ApiError(
             500, f"generation failed: {event.error or 'engine error'}", code="engine_error"

@@ -35,7 +35,11 @@ _TOKEN_COUNTERS = (
         "ninfer_prompt_tokens_cached",
         "Prompt tokens reused from a cache instead of prefilled",
     ),
-    ("tokens_prefilled", "ninfer_prefill_tokens", "Prompt tokens computed by prefill"),
+    (
+        "tokens_replayed",
+        "ninfer_replayed_tokens",
+        "Tokens recomputed to restore paused requests (not in ninfer_prefill_tokens)",
+    ),
     (
         "tokens_decoded",
         "ninfer_generation_tokens",
@@ -74,6 +78,17 @@ _GAUGES = (
     ("pending", "ninfer_requests_waiting", "Requests waiting for a lane"),
     ("prefilling", "ninfer_requests_prefilling", "Resident requests still reading their prompt"),
     ("decode_ready", "ninfer_requests_decode_ready", "Resident requests ready for a decode round"),
+    ("paused", "ninfer_requests_paused", "Requests paused for memory, waiting to be restored"),
+    ("replaying", "ninfer_requests_replaying", "Resident requests rebuilding state after a pause"),
+)
+
+# Pressure pauses and how paused requests came back. Every restore replays: pause snapshots
+# would need a host tier, so snapshot_restores stays 0 (it is exported so that a dashboard
+# written for the full family set finds it).
+_SCHEDULING_COUNTERS = (
+    ("pauses", "ninfer_preemptions", "Requests paused to let an older request grow"),
+    ("snapshot_restores", "ninfer_snapshot_restores", "Paused requests restored from a snapshot"),
+    ("replay_restores", "ninfer_replay_restores", "Paused requests restored by replaying"),
 )
 
 
@@ -183,7 +198,18 @@ class _EngineCollector:
         )
         for key, name, text in _GAUGES:
             yield _gauge(name, text, stats.get(key, 0))
+        yield _counter(
+            "ninfer_prefill_tokens",
+            "Prompt tokens computed by initial prefill (cache hits and replays excluded)",
+            max(
+                0,
+                self._since_start(stats, "tokens_prefilled")
+                - self._since_start(stats, "tokens_replayed"),
+            ),
+        )
         for key, name, text in _TOKEN_COUNTERS:
+            yield _counter(name, text, self._since_start(stats, key))
+        for key, name, text in _SCHEDULING_COUNTERS:
             yield _counter(name, text, self._since_start(stats, key))
         requests = CounterMetricFamily(
             "ninfer_requests",
@@ -205,16 +231,28 @@ class _EngineCollector:
             "Main KV pool pages in use",
             total - int(stats.get("kv_pages_free", total)),
         )
+        # Device state images: one per lane plus the prefix cache's snapshot slots, which
+        # retained history occupies as requests do (hybrid models; 0 for pure attention).
+        cache = stats.get("prefix_cache") or {}
+        lanes_total = int(stats.get("state_slots_total", 0))
         yield _gauge(
             "ninfer_device_state_capacity_slots",
-            "Recurrent-state slots (hybrid models; 0 for pure attention)",
-            stats.get("state_slots_total", 0),
+            "Recurrent-state images: lanes plus prefix-cache snapshot slots (hybrid models)",
+            lanes_total + (int(cache.get("snapshot_slots", 0)) if lanes_total else 0),
         )
         yield _gauge(
             "ninfer_device_state_used_slots",
-            "Recurrent-state slots holding a request",
-            stats.get("state_slots_used", 0),
+            "Recurrent-state images holding a request or a cached snapshot",
+            int(stats.get("state_slots_used", 0))
+            + (int(cache.get("snapshots", 0)) if lanes_total else 0),
         )
+        yield _gauge(
+            "ninfer_requests_materializing",
+            "Requests whose context is being copied in from a host tier (none: no host tier)",
+            0,
+        )
+        # The output-constraint families (ninfer_constraint_*) and the speculative-decoding
+        # families (ninfer_spec_decode_*) are exported by those features, after this point.
         yield _gauge(
             "ninfer_engine_ready",
             "1 while the engine accepts work, 0 after an engine-wide failure",

@@ -16,7 +16,10 @@ from typing import Any, BinaryIO
 log = logging.getLogger("ninfer.server")
 
 SCHEMA = "ninfer_serve_request_log"
-SCHEMA_VERSION = 1
+# The serving spec's schema generation: request_done nests `result` (finish, tokens, cache
+# reuse, tool-call parse report, generated ids), `generation` (scheduling, admission),
+# `constraint`, `timings_seconds`, `speculative` and `engine_timing` (docs/operations.md).
+SCHEMA_VERSION = 26
 MAX_KEEP = 1000
 
 

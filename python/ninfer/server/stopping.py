@@ -93,17 +93,22 @@ class StopSignals:
         if not self.stopping:
             self._begin_stop("stopping (termination signal)")
 
+    def fail(self, reason: str) -> None:
+        """An unrecoverable failure (a fatal device error): stop at once, as SIGTERM does."""
+        if not self.stopping:
+            self._begin_stop(reason, level=logging.ERROR)
+
     def _keep_serving(self) -> None:
         self._confirm_deadline = None
         self._hide_prompt()
 
-    def _begin_stop(self, reason: str) -> None:
+    def _begin_stop(self, reason: str, level: int = logging.INFO) -> None:
         if self._confirm_deadline is not None:
             self._confirm_deadline.cancel()
             self._confirm_deadline = None
         self._hide_prompt()
         self.stopping = True
-        log.info("%s", reason)
+        log.log(level, "%s", reason)
         self._stop()
 
     def _interactive(self) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ninfer.engine_types import EngineEvent, GenerationRequest, QueueTimeout
+from ninfer.protocols.constraints import observation
 from ninfer.server import console_units as units
 from ninfer.server.errors import ApiError
 from ninfer.server.metrics import ServerMetrics
@@ -60,6 +61,7 @@ class RequestRecord:
     generated_token_ids: list[int] = field(default_factory=list)
     turn: Any = None  # the protocol's TurnResult, when it reported one
     constraint: dict[str, Any] | None = None  # the constraint observation the response carried
+    engine_request_id: int | None = None  # the core's id (its scheduling events name it)
 
 
 class ObservedHandle:
@@ -147,6 +149,10 @@ class Telemetry:
         self.session = SessionStats()
         self._numbers = itertools.count(1)
         self.on_change: list[Any] = []  # callbacks after each settled request (the panel)
+        # After a fatal device error the process exits as a crash would: the requests in
+        # flight get no terminal JSONL record (their clients still get an error answer).
+        self.device_failed = False
+        self._by_engine_id: dict[int, RequestRecord] = {}  # started, not yet settled
 
     # --- records -------------------------------------------------------------------------
 
@@ -160,8 +166,11 @@ class Telemetry:
         }
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.request_log is not None:
-            self.request_log.write(record)
+        if self.request_log is None:
+            return
+        if self.device_failed and record.get("event") in _TERMINAL_EVENTS:
+            return
+        self.request_log.write(record)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -171,6 +180,8 @@ class Telemetry:
         generation: GenerationRequest,
         shape: dict[str, Any] | None,
         seed: int | None = None,
+        *,
+        engine_request_id: int | None = None,
     ) -> RequestRecord:
         now = time.perf_counter()
         record = RequestRecord(
@@ -182,6 +193,9 @@ class Telemetry:
             submitted=now,
         )
         request.generation_number = record.number
+        if engine_request_id is not None:
+            record.engine_request_id = engine_request_id
+            self._by_engine_id[engine_request_id] = record
         if self.request_log is not None:
             start = self.base("request_start")
             start.update(
@@ -248,6 +262,10 @@ class Telemetry:
         """Once per started generation, after the protocol's answer ended."""
         now = time.perf_counter()
         final = record.final
+        self._forget(record)
+        preemptions = int(((final.scheduling if final else None) or {}).get("preemptions", 0))
+        if preemptions:
+            self._terminal_boundary(record, final, preemptions)
         reason = final.finish_reason if final is not None else None
         if self.metrics is not None and reason in ("stop", "length", "cancelled"):
             stats = getattr(final, "constraint", None)
@@ -270,6 +288,50 @@ class Telemetry:
             message = (final.error if final is not None else None) or "the generation failed"
             self._error(record, now, "failed", message)
         self._changed()
+
+    # --- pause/restore boundaries (request_scheduling) -------------------------------------
+
+    def scheduling(self, engine_request_id: int, transition: dict[str, Any]) -> None:
+        """AsyncEngine.on_scheduling: one boundary of a request's pause cycle."""
+        record = self._by_engine_id.get(engine_request_id)
+        if record is None or self.request_log is None:
+            return
+        out = self.base("request_scheduling")
+        out.update(
+            request_id=record.number,
+            http_request_id=record.http_request_id,
+            protocol=record.protocol,
+            **transition,
+        )
+        self.write(out)
+        log.debug(
+            "req#%d %s (pause %d)",
+            record.number,
+            transition.get("transition"),
+            transition.get("preemption_index", 0),
+        )
+
+    def _terminal_boundary(
+        self, record: RequestRecord, final: EngineEvent | None, preemptions: int
+    ) -> None:
+        """The end of a preempted request's last pause cycle, before its terminal record."""
+        if self.request_log is None:
+            return
+        out = self.base("request_scheduling")
+        out.update(
+            request_id=record.number,
+            http_request_id=record.http_request_id,
+            protocol=record.protocol,
+            transition="terminal",
+            preemption_index=preemptions,
+            route="replay",
+            finish_reason=final.finish_reason if final is not None else None,
+        )
+        self.write(out)
+
+    def _forget(self, record: RequestRecord) -> None:
+        if record.engine_request_id is not None:
+            self._by_engine_id.pop(record.engine_request_id, None)
 
     # --- terminal records ----------------------------------------------------------------
 
@@ -301,12 +363,11 @@ class Telemetry:
         )
         decode_rate = (completion - 1) / decode_s if decode_s > 0 and completion > 1 else None
         log.info(
-            "req#%d done: %s, prompt %d (cached %d), completion %d, TTFT %s, decode %s, "
-            "finish %s, %s",
+            "req#%d done: %s, prompt %d, %s, completion %d, TTFT %s, decode %s, finish %s, %s",
             record.number,
             record.protocol,
             prompt,
-            cached,
+            _cache_summary(cached, prompt),
             completion,
             units.duration(ttft_s),
             units.rate(decode_rate),
@@ -315,38 +376,84 @@ class Telemetry:
         )
         if self.request_log is None:
             return
+        self.write(
+            self._done_record(
+                record, final, prompt=prompt, cached=cached, ttft_s=ttft_s, total_s=total_s
+            )
+        )
+
+    def _done_record(
+        self,
+        record: RequestRecord,
+        final: EngineEvent,
+        *,
+        prompt: int,
+        cached: int,
+        ttft_s: float | None,
+        total_s: float,
+    ) -> dict[str, Any]:
+        """request_done, laid out as the schema in request_log.py describes."""
+        timings = final.timings
         turn = record.turn
         report = getattr(turn, "report", None)
         usage = getattr(turn, "usage", None)
+        scheduling = getattr(final, "scheduling", None) or {}
+        preemptions = int(scheduling.get("preemptions", 0))
         out = self.base("request_done")
         out.update(
             request_id=record.number,
             http_request_id=record.http_request_id,
             protocol=record.protocol,
-            finish_reason=final.finish_reason,
-            response_finish_reason=getattr(turn, "finish_reason", None),
-            stop_kind=_stop_kind(final),
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            prefill_tokens=prompt - cached,
-            completion_tokens=completion,
-            reasoning_tokens=getattr(usage, "reasoning_tokens", None),
-            prefix_reuse="hybrid_snapshot" if cached else "none",
-            tool_call_parse=report.as_dict() if report is not None else None,
-            constraint=record.constraint,
+            result={
+                "finish_reason": final.finish_reason,
+                "response_finish_reason": getattr(turn, "finish_reason", None),
+                "stop_kind": _stop_kind(final),
+                "prompt_tokens": prompt,
+                "completion_tokens": final.completion_tokens,
+                "reasoning_tokens": getattr(usage, "reasoning_tokens", None),
+                "prefix_cache_hit_tokens": cached,
+                "prefill_tokens": prompt - cached,
+                "prefix_reuse_path": _reuse_path(cached),
+                "tool_call_parse": report.as_dict() if report is not None else None,
+                "generated_token_ids": list(record.generated_token_ids),
+            },
+            generation={
+                "scheduling": {
+                    "preemptions": preemptions,
+                    "snapshot_restores": 0,  # a paused request always replays (no pause images)
+                    "replay_restores": preemptions,
+                    "replayed_tokens": int(scheduling.get("replayed_tokens", 0)),
+                    "paused_seconds": float(scheduling.get("paused_seconds", 0.0)),
+                    "transfer_bytes": 0,  # no host tier: nothing is copied for a request
+                },
+                "admission": {
+                    "preferred_reused_tokens": cached,
+                    "source_wait_seconds": 0.0,  # admission never waits for a cache source
+                    "revoked_checkpoints": 0,
+                    "fallback_reason": "none",
+                },
+            },
+            constraint=record.constraint
+            if record.constraint is not None
+            else _constraint_observation(final, turn),
             timings_seconds={
                 "prepare": record.submitted - record.received,
-                "queue": queue_s,
                 "ttft": ttft_s,
-                "prefill": prefill_s,
-                "decode": decode_s,
-                "decode_share": share_s,
+                "vision": None,  # no vision encoder in this build
+                "prefill": timings.prompt_ms / 1000.0 if timings else 0.0,
+                "decode": timings.predicted_ms / 1000.0 if timings else 0.0,
                 "total": total_s,
             },
-            generated_token_ids=list(record.generated_token_ids),
+            # The core's per-request speculative tally (rounds, drafted/accepted tokens, their
+            # n-gram part, fallback steps, accepted per position); null without speculation.
             speculative=getattr(final, "speculative", None),
+            engine_timing={
+                "queue_wait_seconds": timings.queue_ms / 1000.0 if timings else 0.0,
+                # The request's share of its batched decode rounds (the panel's decode rate).
+                "decode_share_seconds": timings.decode_share_ms / 1000.0 if timings else 0.0,
+            },
         )
-        self.write(out)
+        return out
 
     def _error(self, record: RequestRecord, now: float, kind: str, message: str) -> None:
         total_s = now - record.received
@@ -400,6 +507,9 @@ class Telemetry:
             callback()
 
 
+_TERMINAL_EVENTS = frozenset({"request_done", "request_error"})
+
+
 def _route_path(path: str) -> str:
     return path[3:] if path.startswith("/v1/v1/") else path
 
@@ -410,6 +520,33 @@ def _cancelled(record: RequestRecord, disconnected: bool, stopping: bool) -> boo
     if isinstance(error, QueueTimeout):
         return False
     return disconnected or stopping or (error is not None and "cancelled" in str(error))
+
+
+def _reuse_path(cached: int) -> str:
+    """request_done.result.prefix_reuse_path: the hybrid cache resumed from its blocks (and,
+    on a hybrid model, a state snapshot), or nothing was reused."""
+    return "hybrid_snapshot" if cached else "root"
+
+
+def _cache_summary(cached: int, prompt: int) -> str:
+    """The console's `cache N (P%, path)`, with a readable path label."""
+    if not cached:
+        return "cache 0"
+    return f"cache {cached} ({100 * cached // max(prompt, 1)}%, hybrid snapshot)"
+
+
+def _constraint_observation(final: EngineEvent, turn: Any) -> dict[str, Any] | None:
+    """The observation the HTTP result carries (constraints.observation), None unconstrained.
+    Its branch is the one the turn took: tool calls, else content, else undecided."""
+    if final.constraint is None:
+        return None
+    if getattr(turn, "tool_calls", None):
+        branch = "tools"
+    elif getattr(turn, "content", None):
+        branch = "content"
+    else:
+        branch = "undecided"
+    return observation(final.constraint, branch=branch)
 
 
 def _stop_kind(final: EngineEvent) -> str | None:

@@ -29,6 +29,9 @@ _DELTAS = (
     "steps",
     "requests_admitted",
     "requests_finished",
+    "pauses",
+    "replay_restores",
+    "tokens_replayed",
 )
 
 
@@ -67,7 +70,8 @@ class ThroughputReporter:
         self._last, self._last_at = stats, now
         running, waiting = int(stats.get("running", 0)), int(stats.get("pending", 0))
         worked = deltas["tokens_prefilled"] or deltas["tokens_decoded"]
-        if not worked and not running and not waiting:
+        paused = int(stats.get("paused", 0))
+        if not worked and not running and not waiting and not paused:
             return None
         record = self._telemetry.base("throughput")
         record.update(
@@ -78,18 +82,42 @@ class ThroughputReporter:
         self._telemetry.write(record)
         batch = deltas["decode_rows"] / deltas["decode_rounds"] if deltas["decode_rounds"] else 0
         log.info(
-            "throughput: prefill %s, decode %s, batch %.2f, %d running, %d waiting, KV %d/%d pages",
+            "throughput: prefill %s, decode %s, batch %.2f, %d running%s, %d waiting%s, "
+            "KV %d/%d pages",
             units.rate(deltas["tokens_prefilled"] / seconds if seconds > 0 else None),
             units.rate(deltas["tokens_decoded"] / seconds if seconds > 0 else None),
             batch,
             running,
+            _composition(stats) if running else "",
             waiting,
+            f", {paused} paused" if paused else "",
             int(stats.get("kv_pages_total", 0)) - int(stats.get("kv_pages_free", 0)),
             int(stats.get("kv_pages_total", 0)),
         )
         return record
 
 
+def _composition(stats: Mapping[str, Any]) -> str:
+    """What the running requests are doing at the end of the interval, e.g. ` (1 prefill,
+    2 decode)`; replays are counted among the prefills and named when there are any."""
+    parts = [
+        f"{int(stats.get('prefilling', 0))} prefill",
+        f"{int(stats.get('decode_ready', 0))} decode",
+    ]
+    if stats.get("replaying"):
+        parts.append(f"{int(stats['replaying'])} replaying")
+    return f" ({', '.join(parts)})"
+
+
 def _gauges(stats: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("running", "pending", "prefilling", "decode_ready", "kv_pages_total", "kv_pages_free")
+    keys = (
+        "running",
+        "pending",
+        "prefilling",
+        "decode_ready",
+        "paused",
+        "replaying",
+        "kv_pages_total",
+        "kv_pages_free",
+    )
     return {key: stats[key] for key in keys if key in stats}
