@@ -5,10 +5,13 @@
 # (the `timings` of each stream) and the floors (copy / GEMM rates measured in the same run).
 #   usage: tools/gpu/serve_table.sh OUT_DIR
 # Environment (defaults for the H200):
-#   SHAPES="qwen3.6-27b:80 qwen3.6-35b-a3b:50"  preset or config.json, ':' seconds of runs
-#                                               after which no further run of it starts
-#   RUNS="1024:1 8192:1 1024:4 1024:8 1024:16 8192:16 8192:4 8192:8"  input:concurrency, in order
-#   OUTPUT_LEN=512 LANES=8 PREFILL_CHUNK=1024 DEVICE=0 BUILD=1 CEILINGS=1
+#   SHAPES="qwen3.6-27b:65 qwen3.6-35b-a3b:45"  preset or config.json, ':' seconds its runs
+#                                               may take
+#   RUNS="1024:1 8192:1 1024:16 ..."  input:concurrency[:estimated seconds], in order; a run
+#                                     that would end past its shape's budget or TOTAL_S (from
+#                                     the script's start) is skipped and listed as not run
+#   RUNS_<shape with - and . as _>  the same for one shape (e.g. RUNS_qwen3_6_27b)
+#   OUTPUT_LEN=512 LANES=8 PREFILL_CHUNK=1024 DEVICE=0 BUILD=1 CEILINGS=1 TOTAL_S
 set -uo pipefail
 out=${1:?usage: tools/gpu/serve_table.sh OUT_DIR}
 mkdir -p "$out/serve"
@@ -16,8 +19,12 @@ out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-shapes=${SHAPES:-"qwen3.6-27b:80 qwen3.6-35b-a3b:50"}
-runs=${RUNS:-"1024:1 8192:1 1024:4 1024:8 1024:16 8192:16 8192:4 8192:8"}
+shapes=${SHAPES:-"qwen3.6-27b:65 qwen3.6-35b-a3b:45"}
+runs=${RUNS:-"1024:1 8192:1 1024:16 1024:4 1024:8 8192:4 8192:8 8192:16"}
+# The H200 plan: the issue's goals first (c = 1 at both inputs, c = 16), estimates in seconds
+# from the engine-level step times of 2026-11-29 (27B: 15-24 ms a step, 35B-A3B: 5-18 ms).
+: "${RUNS_qwen3_6_27b:=1024:1:9 8192:1:10 1024:16:22 1024:4:10 1024:8:11 8192:4:13 8192:8:17 8192:16:34}"
+: "${RUNS_qwen3_6_35b_a3b:=1024:1:4 8192:1:4 1024:16:12 1024:4:5 1024:8:6 8192:4:7 8192:8:9 8192:16:20}"
 output_len=${OUTPUT_LEN:-512}
 lanes=${LANES:-8}
 chunk=${PREFILL_CHUNK:-1024}
@@ -48,7 +55,8 @@ fi
 
 max_input=0
 for run in $runs; do [ "${run%%:*}" -gt "$max_input" ] && max_input=${run%%:*}; done
-max_context=$((max_input + output_len + 256))
+total=${TOTAL_S:-100000}
+max_context=${MAX_CONTEXT:-$((max_input + output_len + 256))}
 
 for entry in $shapes; do
   shape=${entry%%:*}
@@ -100,10 +108,12 @@ PY
     tail -5 "$out/serve/$name.warmup.log"
   shape_start=$(date +%s)
   skipped=()
-  for run in $runs; do
-    input=${run%%:*}
-    c=${run##*:}
-    if [ $(($(date +%s) - shape_start)) -ge "$budget" ]; then
+  own_runs="RUNS_${name//[-.]/_}"
+  for run in ${!own_runs:-$runs}; do
+    IFS=: read -r input c estimate <<<"$run"
+    estimate=${estimate:-0}
+    now=$(date +%s)
+    if [ $((now - shape_start + estimate)) -gt "$budget" ] || [ $((now - started + estimate)) -gt "$total" ]; then
       skipped+=("\"in $input c $c\"")
       continue
     fi
