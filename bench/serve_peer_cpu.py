@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -105,7 +106,9 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, tuple[subpr
     return servers
 
 
-def run_bench(port: int, c: int, args: argparse.Namespace, result: Path) -> dict[str, Any]:
+def run_bench(
+    port: int, c: int, seed: int, args: argparse.Namespace, result: Path
+) -> dict[str, Any]:
     command = [
         sys.executable,
         str(BENCH / "bench_serve.py"),
@@ -120,7 +123,7 @@ def run_bench(port: int, c: int, args: argparse.Namespace, result: Path) -> dict
         "--max-concurrency",
         str(c),
         "--seed",
-        "0",
+        str(seed),
         "--result-file",
         str(result),
     ]
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads != (os.cpu_count() or 1):
         parser.error("ninfer-serve uses every core; run with --threads equal to the core count")
     args.out.mkdir(parents=True, exist_ok=True)
+    # A SIGTERM ends the comparison through the `finally` below, which stops the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     servers = start_servers(args, args.out)
     runs: list[dict[str, Any]] = []
     try:
@@ -211,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             for c in args.concurrency:
                 for name in order:
                     path = args.out / f"{name}-c{c}-r{round_}.json"
-                    result = run_bench(servers[name][1], c, args, path)
+                    # Fresh prompts for every round and level (the same for every server):
+                    # both servers cache prefixes, and a repeated prompt would be a hit.
+                    seed = 1000 * round_ + c
+                    result = run_bench(servers[name][1], c, seed, args, path)
                     result.update(server=name, concurrency=c, round=round_)
                     runs.append(result)
                     print(
