@@ -22,6 +22,10 @@ class StreamUpdate:
     prompt_tokens: int | None = None
     done: bool = False
     error: str | None = None
+    # The server's own account of the request (llama.cpp's `timings` object, which NInfer
+    # also sends on the last chunk): engine prefill ms and ms per decoded token.
+    server_prompt_ms: float | None = None
+    server_decode_ms_per_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +92,29 @@ def _chat_parse(payload: dict[str, Any]) -> StreamUpdate:
         for call in delta.get("tool_calls") or ():
             text += (call.get("function") or {}).get("arguments") or ""
     prompt, output = _usage_update(payload.get("usage"), "prompt_tokens", "completion_tokens")
-    return StreamUpdate(text=text, output_tokens=output, prompt_tokens=prompt)
+    prompt_ms, per_token_ms = _server_timings(payload.get("timings"))
+    return StreamUpdate(
+        text=text,
+        output_tokens=output,
+        prompt_tokens=prompt,
+        server_prompt_ms=prompt_ms,
+        server_decode_ms_per_token=per_token_ms,
+    )
+
+
+def _server_timings(timings: Any) -> tuple[float | None, float | None]:
+    """(prompt_ms, predicted_per_token_ms) of a llama.cpp-style `timings` object; a field
+    that is missing, not a number or zero (undefined) is None."""
+    if not isinstance(timings, dict):
+        return None, None
+
+    def positive(key: str) -> float | None:
+        value = timings.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return None
+        return float(value)
+
+    return positive("prompt_ms"), positive("predicted_per_token_ms")
 
 
 # --- OpenAI legacy Completions ----------------------------------------------------------
@@ -108,7 +134,14 @@ def _completions_parse(payload: dict[str, Any]) -> StreamUpdate:
         return StreamUpdate(error=_error_text(payload["error"]), done=True)
     text = "".join(choice.get("text") or "" for choice in payload.get("choices") or ())
     prompt, output = _usage_update(payload.get("usage"), "prompt_tokens", "completion_tokens")
-    return StreamUpdate(text=text, output_tokens=output, prompt_tokens=prompt)
+    prompt_ms, per_token_ms = _server_timings(payload.get("timings"))
+    return StreamUpdate(
+        text=text,
+        output_tokens=output,
+        prompt_tokens=prompt,
+        server_prompt_ms=prompt_ms,
+        server_decode_ms_per_token=per_token_ms,
+    )
 
 
 # --- OpenAI Responses -------------------------------------------------------------------

@@ -14,6 +14,13 @@ Every time is taken on the client with `time.perf_counter()`, per request:
 - Output tokens of a request: the server's usage count when the stream reports one, else the
   number of output-carrying events.
 
+Beside those, when the server reports its own account of a request (llama.cpp's `timings`
+object on the last chunk, which NInfer sends too): `server_prefill` is its prompt
+processing time and `server_tpot` its decode time per token after the first, as the engine
+clocked them (statistics over requests; keys `median_server_tpot_ms` etc., absent when no
+request carried them). They put the client's figures beside the engine's for the same
+requests, so the HTTP path's share is their difference.
+
 Per run: request throughput = completed requests / duration, output throughput = output
 tokens of completed requests / duration, total token throughput = (input + output tokens) /
 duration, where the duration runs from the first request's scheduling to the last one's end.
@@ -31,6 +38,7 @@ from typing import Any
 import numpy as np
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+SERVER_METRICS = ("server_prefill", "server_tpot")
 
 
 @dataclass
@@ -45,6 +53,8 @@ class RequestRecord:
     output_tokens: int | None = None  # the server's usage count, when it sent one
     output_events: int = 0  # output-carrying events received
     served_prompt_tokens: int | None = None  # the server's usage count (template included)
+    server_prompt_ms: float | None = None  # the server's own prefill time, when reported
+    server_tpot_ms: float | None = None  # the server's own decode ms per token, when reported
     error: str = ""
 
     @property
@@ -110,6 +120,14 @@ def compute_metrics(
         if name not in samples:
             raise ValueError(f"unknown metric {name!r}; known: {', '.join(PERCENTILE_METRICS)}")
         result.update(_stats(name, samples[name], percentiles))
+    reported = {
+        "server_prefill": [r.server_prompt_ms / 1e3 for r in done if r.server_prompt_ms],
+        "server_tpot": [r.server_tpot_ms / 1e3 for r in done if r.server_tpot_ms],
+    }
+    for name in SERVER_METRICS:
+        if reported[name]:
+            result.update(_stats(name, reported[name], percentiles))
+            result[f"{name}_requests"] = len(reported[name])
     return result
 
 
@@ -120,6 +138,8 @@ def per_request_fields(records: Sequence[RequestRecord]) -> dict[str, list[Any]]
         "output_lens": [r.output_len if r.success else 0 for r in records],
         "ttfts": [r.ttft if r.success else 0.0 for r in records],
         "itls": [r.itl if r.success else [] for r in records],
+        "server_prompt_ms": [r.server_prompt_ms if r.success else None for r in records],
+        "server_tpot_ms": [r.server_tpot_ms if r.success else None for r in records],
         "errors": [r.error for r in records],
     }
 

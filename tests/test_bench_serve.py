@@ -66,6 +66,29 @@ def test_metrics_follow_vllm_definitions():
     assert m["mean_e2el_ms"] == pytest.approx((160 + 250) / 2)
 
 
+def test_server_reported_timings_sit_beside_the_client_figures():
+    """The engine's own prefill and per-token decode times (llama.cpp's `timings` object on
+    the last chunk) are summarized over the requests that carried them, with their own keys."""
+    parse = ENDPOINTS["/v1/chat/completions"].parse
+    last = {
+        "choices": [],
+        "usage": {"prompt_tokens": 30, "completion_tokens": 4},
+        "timings": {"prompt_ms": 12.5, "predicted_per_token_ms": 3.0, "predicted_n": 4},
+    }
+    update = parse(last)
+    assert (update.server_prompt_ms, update.server_decode_ms_per_token) == (12.5, 3.0)
+    undefined = parse({"choices": [], "timings": {"prompt_ms": 0, "predicted_per_token_ms": "x"}})
+    assert (undefined.server_prompt_ms, undefined.server_decode_ms_per_token) == (None, None)
+    assert parse({"choices": []}).server_prompt_ms is None  # a peer without timings
+    a = _record(0.0, [0.1, 0.2], 0.2, server_prompt_ms=80.0, server_tpot_ms=90.0)
+    b = _record(0.0, [0.1, 0.2], 0.2, server_prompt_ms=40.0, server_tpot_ms=70.0)
+    m = compute_metrics([a, b, _record(0.0, [0.1], 0.1)], duration_s=1.0)
+    assert m["median_server_prefill_ms"] == pytest.approx(60.0)
+    assert m["median_server_tpot_ms"] == pytest.approx(80.0)
+    assert m["server_tpot_requests"] == 2
+    assert "median_server_tpot_ms" not in compute_metrics([_record(0.0, [0.1], 0.1)], 1.0)
+
+
 def test_single_token_requests_have_no_tpot():
     one = _record(0.0, [0.05], 0.06)
     m = compute_metrics([one], 1.0, percentiles=[99])

@@ -293,7 +293,7 @@ def _accepted_socket_options(client: socket.socket) -> dict[str, int]:
     """Read the options of the server's end of `client` (the server runs in this process)."""
     import os
 
-    names = ["TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"]
+    names = ["TCP_NODELAY", "TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"]
     for fd in os.listdir("/proc/self/fd"):
         try:
             candidate = socket.socket(fileno=os.dup(int(fd)))
@@ -326,6 +326,7 @@ def test_accepted_connections_use_keepalive_and_a_retransmission_limit():
             options = _accepted_socket_options(client)
         assert options == {
             "SO_KEEPALIVE": 1,
+            "TCP_NODELAY": 1,  # SSE frames are not held back by Nagle's algorithm
             "TCP_KEEPIDLE": listener.KEEPALIVE_IDLE_S,
             "TCP_KEEPINTVL": listener.KEEPALIVE_INTERVAL_S,
             "TCP_KEEPCNT": listener.KEEPALIVE_PROBES,

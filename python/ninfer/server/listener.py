@@ -7,6 +7,12 @@ SO_KEEPALIVE, TCP_KEEPIDLE/KEEPINTVL/KEEPCNT and TCP_USER_TIMEOUT onto every soc
 connections are probed after 5 s, and unacknowledged data or probes abort the connection
 after 15 s. Together with the 5-second SSE heartbeat, a vanished client is noticed (and its
 request cancelled) within about 20 s, also while the request waits for a lane.
+
+TCP_NODELAY is inherited the same way. Without it a streamed response stalls: the response
+head and each small SSE frame are separate writes, and Nagle's algorithm holds a small
+write back until the previous one is acknowledged, which a client on a kept-alive
+connection delays by up to 40 ms (delayed ACK). Measured on loopback with httpx: the first
+frame came ~40 ms after the head on every reused connection, against ~1 ms with it set.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ def tcp_options() -> list[tuple[int, int, int, str]]:
     """(level, option, value, name) for every option this platform's socket module knows."""
     tcp = socket.IPPROTO_TCP
     wanted = [
+        (tcp, "TCP_NODELAY", 1),  # no Nagle delay between the SSE frames
         (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
         (tcp, "TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
         (tcp, "TCP_KEEPALIVE", KEEPALIVE_IDLE_S),  # macOS spelling of TCP_KEEPIDLE
