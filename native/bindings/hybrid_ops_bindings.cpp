@@ -5,7 +5,6 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -31,16 +30,21 @@ void expect_shape(const Array& a, std::vector<int64_t> shape, const char* name) 
   bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
   for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
   if (ok) return;
-  std::ostringstream msg;
-  msg << name << ": expected shape [";
+  // std::to_string, not an ostringstream: formatted iostream I/O crashed in the GPU machine's
+  // Python process (see host_available_bytes in backends/cpu/cpu_attention.cpp).
+  std::string msg = name;
+  msg.append(": expected shape [");
   for (size_t i = 0; i < shape.size(); ++i) {
-    msg << (i ? ", " : "");
-    if (shape[i] < 0) msg << "?"; else msg << shape[i];
+    if (i) msg.append(", ");
+    msg.append(shape[i] < 0 ? std::string("?") : std::to_string(shape[i]));
   }
-  msg << "], got [";
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) msg << (i ? ", " : "") << a.shape(i);
-  msg << "]";
-  throw std::invalid_argument(msg.str());
+  msg.append("], got [");
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    if (i) msg.append(", ");
+    msg.append(std::to_string(a.shape(i)));
+  }
+  msg.append("]");
+  throw std::invalid_argument(msg);
 }
 
 F32 empty_like_shape(std::vector<py::ssize_t> shape) { return F32(shape); }

@@ -6,9 +6,9 @@
 // sequences), each task's pages are split into ranges whose partial states are merged after.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -34,15 +34,21 @@ void check_slice(const AttentionSlice& s, const KvPool& kv) {
       throw std::out_of_range("page id " + std::to_string(s.page_table[p]) + " is outside the KV pool");
 }
 
-// RAM the kernel reports as available (MemAvailable), 0 when it cannot be read.
+// RAM the kernel reports as available (MemAvailable), 0 when it cannot be read. C stdio, not
+// iostreams: `ifstream >> int64_t` crashed (SIGSEGV inside istream::_M_extract<long>) in the
+// GPU machine's Python process, 2026-12-01, where other libraries' C++ runtimes share it.
 int64_t host_available_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
+  std::FILE* meminfo = std::fopen("/proc/meminfo", "r");
+  if (!meminfo) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, meminfo))
+    if (std::strncmp(line, "MemAvailable:", 13) == 0) {
+      kib = std::strtoll(line + 13, nullptr, 10);
+      break;
+    }
+  std::fclose(meminfo);
+  return kib > 0 ? static_cast<int64_t>(kib) * 1024 : 0;
 }
 
 }  // namespace

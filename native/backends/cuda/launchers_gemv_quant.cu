@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_gemv_quant.cuh"
+#include "backends/cuda/kernels_gemv_quant_staged.cuh"
 #include "backends/cuda/launch_overlapped.h"
 #include "backends/cuda/launchers_quant.h"
 #include "common/dtype.h"
@@ -31,6 +32,20 @@ void launch_tiles(const kernels::QuantGemvTable& table, const float* x, int m, i
   else
     launch_overlapped(overlap, grid, block, 0, stream,
                       kernels::gemv_quant_block_split<kNvfp4, kRowTiles, kWarps, false, kPipelined>, table, x, m, k);
+}
+
+// The staged kernel (kernels_gemv_quant_staged.cuh) for m <= 8 when x fits its shared memory
+// beside the partial sums (48 KB a block without an opt-in, so blocks stay several per SM).
+constexpr size_t kStagedMaxBytes = 44 * 1024;
+
+bool staged_fits(int m, int k) { return m <= 8 && kernels::staged_x_bytes(m, k) <= kStagedMaxBytes; }
+
+template <bool kNvfp4, int kRowTiles>
+void launch_staged(const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap,
+                   cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(table.first_tile[table.num_jobs])), block(32 * 4);
+  launch_overlapped(overlap, grid, block, kernels::staged_x_bytes(m, k), stream,
+                    kernels::gemv_quant_staged<kNvfp4, kRowTiles, 4>, table, x, m, k);
 }
 
 // The default of the software-pipelined form: NINFER_QUANT_GEMV_PIPELINE=0|1 (read at each
@@ -88,7 +103,7 @@ unsigned int grid_for(int64_t n) {
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap, cudaStream_t stream) {
   if (num_jobs < 1 || num_jobs > kQuantGemvMaxJobs || m < 1 || m > 16 || k % (nvfp4 ? 32 : 16) != 0 ||
-      variant < 0 || variant >= 12)
+      variant < 0 || variant >= 14)
     throw std::invalid_argument("launch_gemv_quant: unsupported jobs/m/k");
   kernels::QuantGemvTable table{};
   table.num_jobs = num_jobs;
@@ -104,6 +119,12 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
   // down_proj) 8 warps a block, so the SMs' shares stay even with a block per tile
   // (bench/bench_cuda_quant.py, H200 2026-12-01). Variants force: 1 = 8-row tiles, 2 = 16-row
   // tiles of 4 warps, 3 = 16-row tiles of 8 warps.
+  // Variant 0 takes the staged kernel at m = 1 and k <= 8192, where it measured faster (mlp
+  // gate+up of the 27B shape: 66.0 against 70.7 µs FP8, 68.5 against 71.0 NVFP4; GDN in/out
+  // projections equal; down_proj, k = 17408, slower: 49.3 against 40.9; at m = 4 slower; H200
+  // 2026-12-01). 12 and 13 force it with 8- and 16-row tiles.
+  const bool staged = variant >= 12 || (variant == 0 && m == 1 && k <= 8192 && staged_fits(m, k));
+  if (staged && !staged_fits(m, k)) throw std::invalid_argument("launch_gemv_quant: m/k too large for the staged kernel");
   const int tiles16 = static_cast<int>(rows16);
   const int forced = variant % 4, pipeline = variant / 4;
   const int choice = forced > 0 ? forced : m <= 2 ? 1 : tiles16 < 4 * sm_count() ? 3 : 2;
@@ -112,6 +133,21 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
   table.first_tile[0] = 0;
   for (int j = 0; j < num_jobs; ++j)
     table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + tile_rows - 1) / tile_rows;
+  if (staged) {
+    const bool wide_tiles = variant == 13 || (variant == 0 && m > 2);
+    const int rows_per_tile = wide_tiles ? 16 : 8;
+    table.first_tile[0] = 0;
+    for (int j = 0; j < num_jobs; ++j)
+      table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + rows_per_tile - 1) / rows_per_tile;
+    if (nvfp4)
+      wide_tiles ? launch_staged<true, 2>(table, x, m, k, overlap, stream)
+                 : launch_staged<true, 1>(table, x, m, k, overlap, stream);
+    else
+      wide_tiles ? launch_staged<false, 2>(table, x, m, k, overlap, stream)
+                 : launch_staged<false, 1>(table, x, m, k, overlap, stream);
+    NINFER_CUDA_CHECK_LAUNCH();
+    return;
+  }
   auto launch = [&](auto nvfp4_tag, auto pipelined_tag) {
     constexpr bool kNvfp4 = decltype(nvfp4_tag)::value, kPipelined = decltype(pipelined_tag)::value;
     if (choice == 1) launch_tiles<kNvfp4, 1, 4, kPipelined>(table, x, m, k, overlap, stream);

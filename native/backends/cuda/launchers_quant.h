@@ -26,7 +26,9 @@ void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const
                        bool accumulate, bool overlap_previous, cudaStream_t stream);
 // Variants of launch_gemv_quant's kernel (tests and benchmarks): variant % 4 picks the tiles
 // (0 = the launcher's choice, 1 = 8-row tiles, 2 = 16-row tiles of 4 warps, 3 = 16-row tiles
-// of 8 warps), variant / 4 the software pipelining (0 = default, 1 = off, 2 = on).
+// of 8 warps), variant / 4 the software pipelining (0 = default, 1 = off, 2 = on); 12 and 13:
+// the staged fp16 kernel for m <= 8 (kernels_gemv_quant_staged.cuh) with 8- and 16-row tiles,
+// which variant 0 takes where x fits its shared memory.
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap_previous, cudaStream_t stream);
 
