@@ -132,6 +132,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         **{key: value for key, value in optional.items() if value is not None},
         cuda_graphs=not args.no_cuda_graph,
         random_weights_seed=dummy_weights_seed(args),
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 

@@ -1,0 +1,158 @@
+"""Tensor parallelism on the CPU: a tiny random model split over 2 and 4 ranks (threads of this
+process, joined by the CPU collective group) gives the unsplit model's logits, through the
+engine and through `ninfer-serve --device cpu --tensor-parallel-size N`.
+
+The splits cover query heads (and KV heads, or one replicated KV head per rank when the group
+outnumbers them), MLP columns/rows, the vocabulary-parallel LM head (and a vocabulary that does
+not divide, which stays whole), q/k/v biases (Qwen2), per-head q/k norms and tied embeddings
+(Qwen3). Sums are reassociated across ranks, so the comparison allows float32 rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+_core = pytest.importorskip("ninfer._core")
+
+from ninfer.artifact import read_header  # noqa: E402
+from ninfer.convert.random import make_random_artifact  # noqa: E402
+from ninfer.engine import AsyncEngine, core_options  # noqa: E402
+from ninfer.engine_types import EngineConfig  # noqa: E402
+from ninfer.server.cli import engine_config  # noqa: E402
+from ninfer.server.options import parse_args  # noqa: E402
+from ninfer.tokenizer import Tokenizer  # noqa: E402
+from server_harness import start_server  # noqa: E402
+from toy_engine import run_one  # noqa: E402
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True, "capture_logits": True}
+LLAMA = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
+    intermediate_size=96, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+    vocab_size=512, max_position_embeddings=2048,
+)  # fmt: skip
+MODELS = {
+    "llama": LLAMA,
+    # 2 KV heads: over 4 ranks each keeps the one its 2 query heads read
+    "llama_gqa": LLAMA | dict(num_key_value_heads=2),
+    "qwen2_bias": LLAMA | dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2"),
+    # qk norms, tied embeddings, and a vocabulary 4 does not divide (the LM head stays whole)
+    "qwen3_tied": LLAMA | dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=16,
+        tie_word_embeddings=True, vocab_size=510,
+    ),
+}  # fmt: skip
+PROMPT = [5, 17, 99, 3, 250, 7, 42, 8, 301, 12, 77, 1, 64, 200, 33, 9, 120, 45]
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def artifact(request, tmp_path_factory) -> Path:
+    return make_random_artifact(
+        MODELS[request.param],
+        tmp_path_factory.mktemp("tp") / f"{request.param}.ninfer",
+        seed=5,
+        dtype="f32",
+        tokenizer="synthetic",
+    )
+
+
+def _engine(artifact: Path, tensor_parallel_size: int):
+    cfg = EngineConfig(max_context=256, threads=1, prefill_chunk=8, max_concurrency=2)
+    table = Tokenizer(read_header(artifact).resource("tokenizer.json")).token_bytes()
+    return _core.Engine.open(
+        str(artifact),
+        core_options(cfg, []),
+        table,
+        threads=4,
+        tensor_parallel_size=tensor_parallel_size,
+    )
+
+
+def _logits(artifact: Path, tensor_parallel_size: int) -> np.ndarray:
+    """Logits of every generated token: a prompt prefilled in chunks of 8, then decode."""
+    engine = _engine(artifact, tensor_parallel_size)
+    try:
+        outcome = run_one(engine, PROMPT, 6, **GREEDY)
+        return np.stack([e.logits for e in outcome.events if e.token_ids])
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def unsplit(artifact) -> np.ndarray:
+    return _logits(artifact, 1)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_split_model_gives_the_unsplit_logits(artifact, unsplit, ranks):
+    split = _logits(artifact, ranks)
+    assert split.shape == unsplit.shape
+    scale = np.abs(unsplit).max()
+    np.testing.assert_allclose(split, unsplit, rtol=0, atol=2e-5 * scale)
+    assert np.array_equal(split.argmax(-1), unsplit.argmax(-1))
+
+
+def test_a_split_that_does_not_divide_is_refused(tmp_path):
+    path = make_random_artifact(
+        LLAMA | dict(num_attention_heads=6, num_key_value_heads=6, hidden_size=48),
+        tmp_path / "six.ninfer", dtype="f32", tokenizer="synthetic",
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="size 4 must divide num_key_value_heads"):
+        _engine(path, 4)
+
+
+def test_an_architecture_without_a_split_is_refused(tmp_path):
+    hybrid = dict(
+        architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_size=32,
+        intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, vocab_size=512, mtp_num_hidden_layers=0,
+    )  # fmt: skip
+    path = make_random_artifact(hybrid, tmp_path / "h.ninfer", dtype="f32", tokenizer="synthetic")
+    with pytest.raises(RuntimeError, match="supports llama, qwen2 and qwen3"):
+        _engine(path, 2)
+
+
+def test_the_flag_needs_the_cpu_device():
+    with pytest.raises(SystemExit):
+        parse_args(["m.ninfer", "--tensor-parallel-size", "2", "--device", "0"])
+    args = parse_args(["m.ninfer", "--tensor-parallel-size", "2", "--device", "cpu"])
+    assert args.tensor_parallel_size == 2
+    assert parse_args(["m.ninfer", "-tp", "4", "--device", "cpu"]).tensor_parallel_size == 4
+    with pytest.raises(SystemExit):
+        parse_args(["m.ninfer", "-tp", "2", "--device", "cpu", "--prefix-cache-file", "c.bin"])
+
+
+def test_served_over_two_ranks_like_one(tmp_path):
+    """`ninfer-serve --device cpu --tensor-parallel-size 2` (its option parsing and engine
+    config) answers a greedy chat request with the unsplit server's 16 tokens."""
+    path = make_random_artifact(
+        LLAMA, tmp_path / "s.ninfer", seed=9, dtype="f32", tokenizer="synthetic", name="tiny"
+    )
+    replies = []
+    for ranks in (1, 2):
+        args = parse_args(
+            [str(path), "--device", "cpu", "--tensor-parallel-size", str(ranks),
+             "--max-context", "512"]
+        )  # fmt: skip
+        config = engine_config(args)
+        assert config.tensor_parallel_size == ranks
+        config.threads = 2
+        running = start_server(AsyncEngine.open(str(path), config), model_id="tiny")
+        try:
+            body = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "split me over ranks"}],
+                "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            }  # fmt: skip
+            reply = httpx.post(running.base_url + "/v1/chat/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            replies.append(reply.json()["choices"][0])
+        finally:
+            running.stop()
+    one, two = replies
+    assert one["finish_reason"] == two["finish_reason"] == "length"
+    assert one["message"]["content"] == two["message"]["content"]
