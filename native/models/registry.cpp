@@ -49,9 +49,7 @@ void Model::check_sampling_rows(const BatchPlan& plan, const SamplingBatch& samp
 std::unique_ptr<Model> load_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
   const std::string architecture = artifact.architecture();
   if (options.tensor_parallel_size > 1 && !options.tensor_parallel) {
-    if (!is_dense_llama_family(architecture))
-      throw std::runtime_error("--tensor-parallel-size supports llama, qwen2 and qwen3 in this build, not '" +
-                               architecture + "'");
+    if (!is_dense_llama_family(architecture) && !is_qwen3_5_architecture(architecture)) unsupported(architecture);
     return make_tensor_parallel_model(artifact, kv, options, load_model);
   }
   if (is_dense_llama_family(architecture)) return make_llama_model(artifact, kv, options);
