@@ -6,8 +6,9 @@ The splits cover query heads (and KV heads, or one replicated KV head per rank w
 outnumbers them), MLP columns/rows, the vocabulary-parallel LM head (and a vocabulary that does
 not divide, which stays whole), q/k/v biases (Qwen2), per-head q/k norms and tied embeddings
 (Qwen3), Gated DeltaNet key/value heads with their conv channels and recurrent state, gated
-attention, and MoE experts (Qwen3.5). Sums are reassociated across ranks, so the comparison
-allows float32 rounding (measured: about 1e-7 of the largest logit).
+attention, and MoE experts, whole per rank or split by columns (Qwen3.5). Sums are
+reassociated across ranks, so the comparison allows float32 rounding (measured: about 1e-7 of
+the largest logit).
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ MODELS = {
     ),
     # Qwen3.5: Gated DeltaNet layers (key/value heads split) and gated attention, dense MLP
     "qwen3_5": HYBRID,
-    # Qwen3.5 MoE: every expert's columns split (routing whole on every rank), the shared
-    # expert split like an MLP, an MTP head loaded split, a vocabulary 4 does not divide
+    # Qwen3.5 MoE: whole experts per rank (expert parallelism; routing whole on every rank),
+    # the shared expert split like an MLP, an MTP head loaded split, a vocabulary 4 does not
+    # divide
     "qwen3_5_moe": HYBRID_MOE,
+    # 6 experts: whole experts over 2 ranks, every expert's columns split over 4
+    "qwen3_5_moe_6": HYBRID_MOE | dict(num_experts=6),
 }  # fmt: skip
 PROMPT = [5, 17, 99, 3, 250, 7, 42, 8, 301, 12, 77, 1, 64, 200, 33, 9, 120, 45]
 

@@ -35,9 +35,16 @@ ModelInfo describe(const Artifact& artifact, const Qwen35Config& cfg) {
   return info;
 }
 
+// Whether a rank keeps whole experts (expert parallelism: the group divides the experts) rather
+// than a slice of every expert's columns.
+bool expert_parallel(const Qwen35Config& cfg, const TensorParallelRank& tp) {
+  return cfg.moe && tp.active() && cfg.num_experts % tp.size == 0;
+}
+
 // One tensor-parallel rank's share of the dimensions the group splits: attention heads, GDN key
-// and value heads, MLP / shared-expert columns and every routed expert's columns (each rank
-// keeps a slice of every expert; the router stays whole, so every rank routes alike).
+// and value heads, MLP / shared-expert columns, and the routed experts: whole experts per rank
+// when the group divides them, else a slice of every expert's columns. The router stays whole,
+// so every rank routes every token alike.
 Qwen35Config rank_config(Qwen35Config cfg, const TensorParallelRank* tp) {
   if (!tp || !tp->active()) return cfg;
   cfg.kv_heads = tp->kv_heads(cfg.heads, cfg.kv_heads);
@@ -45,7 +52,7 @@ Qwen35Config rank_config(Qwen35Config cfg, const TensorParallelRank* tp) {
   cfg.gdn.key_heads = tp->share(cfg.gdn.key_heads, "linear_num_key_heads");
   cfg.gdn.value_heads = tp->share(cfg.gdn.value_heads, "linear_num_value_heads");
   if (cfg.moe) {
-    cfg.moe_ff = tp->share(cfg.moe_ff, "moe_intermediate_size");
+    if (!expert_parallel(cfg, *tp)) cfg.moe_ff = tp->share(cfg.moe_ff, "moe_intermediate_size");
     cfg.shared_ff = tp->share(cfg.shared_ff, "shared_expert_intermediate_size");
   } else {
     cfg.intermediate = tp->share(cfg.intermediate, "intermediate_size");
@@ -151,7 +158,9 @@ class Qwen35Model final : public Model, public MtpHead {
   const TensorView& checked(const std::string& name, const std::vector<int64_t>& shape) const;
   // Shapes are the whole tensor's; `part` is what this rank keeps (tensor parallelism).
   Weight matrix(const std::string& name, int64_t rows, int64_t cols, const TensorPart& part = {});
-  Weight stacked(const std::string& name, const std::vector<int64_t>& shape, const TensorPart& part = {});
+  // `matrices`: the matrices of the stack the part keeps (0 = shape[0]).
+  Weight stacked(const std::string& name, const std::vector<int64_t>& shape, const TensorPart& part = {},
+                 int64_t matrices = 0);
   Buffer filled(int64_t size, float value);
   Buffer vector(const std::string& name, const std::vector<int64_t>& shape, float random_value,
                 const TensorPart& part = {});
@@ -245,11 +254,13 @@ Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols, 
 }
 
 // A stacked [E, r, c] tensor as one [E·r, c] weight (the MoeExperts layout).
-Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape, const TensorPart& part) {
+Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape, const TensorPart& part,
+                            int64_t matrices) {
   if (random_weights()) {
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
     const int64_t rows = part.kept_rows(shape[0] * shape[1]), cols = part.kept_columns(shape[2]);
-    const Weight w = backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, rows / shape[0], seed,
+    const int64_t group_rows = rows / (matrices > 0 ? matrices : shape[0]);
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, group_rows, seed,
                                                        std::sqrt(3.0f / static_cast<float>(shape[2])));
     add_random_weight_statistics(info_, w);
     return w;
@@ -345,15 +356,23 @@ void Qwen35Model::load_mlp(Layer& L, const std::string& p) {
     return;
   }
   const int64_t e = cfg_.num_experts, ff = cfg_.moe_ff, full_ff = full_.moe_ff;
-  // Tensor parallelism: every expert's slice of columns (gate rows, then up rows, per expert).
-  std::vector<RowRange> expert_rows;
-  for (int64_t x = 0; x < e; ++x) {
-    expert_rows.push_back({x * 2 * full_ff + r * ff, ff});
-    expert_rows.push_back({x * 2 * full_ff + full_ff + r * ff, ff});
-  }
   L.router = matrix(m + "gate.weight", e, h);
-  L.experts.gate_up = stacked(m + "experts.gate_up_proj", {e, 2 * full_ff, h}, rows_part(expert_rows));
-  L.experts.down = stacked(m + "experts.down_proj", {e, h, full_ff}, columns_part(r * ff, ff));
+  if (expert_parallel(cfg_, tp_)) {  // this rank's whole experts
+    const int64_t held = e / tp_.size, first = r * held;
+    L.experts.gate_up = stacked(m + "experts.gate_up_proj", {e, 2 * ff, h}, rows_part({{first * 2 * ff, held * 2 * ff}}),
+                                held);
+    L.experts.down = stacked(m + "experts.down_proj", {e, h, ff}, rows_part({{first * h, held * h}}), held);
+    L.experts.first_expert = first;
+    L.experts.local_experts = held;
+  } else {  // every expert's slice of columns (gate rows, then up rows, per expert)
+    std::vector<RowRange> expert_rows;
+    for (int64_t x = 0; x < e; ++x) {
+      expert_rows.push_back({x * 2 * full_ff + r * ff, ff});
+      expert_rows.push_back({x * 2 * full_ff + full_ff + r * ff, ff});
+    }
+    L.experts.gate_up = stacked(m + "experts.gate_up_proj", {e, 2 * full_ff, h}, rows_part(expert_rows));
+    L.experts.down = stacked(m + "experts.down_proj", {e, h, full_ff}, columns_part(r * ff, ff));
+  }
   L.experts.num_experts = e;
   L.experts.ff = ff;
   L.experts.top_k = cfg_.top_k;
