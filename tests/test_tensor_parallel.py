@@ -13,6 +13,11 @@ the largest logit).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -28,7 +33,7 @@ from ninfer.engine_types import EngineConfig  # noqa: E402
 from ninfer.server.cli import engine_config  # noqa: E402
 from ninfer.server.options import parse_args  # noqa: E402
 from ninfer.tokenizer import Tokenizer  # noqa: E402
-from server_harness import start_server  # noqa: E402
+from server_harness import free_port, start_server  # noqa: E402
 from toy_engine import run_one  # noqa: E402
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True, "capture_logits": True}
@@ -185,3 +190,52 @@ def test_served_over_two_ranks_like_one(tmp_path, model):
         finally:
             running.stop()
     assert len(set(contents)) == 1, contents
+
+
+def test_the_ninfer_serve_process_over_two_ranks(tmp_path):
+    """The real `ninfer-serve MODEL --device cpu -tp 2` process: it says so at startup and
+    answers the same greedy tokens as the in-process unsplit engine."""
+    path = make_random_artifact(
+        MODELS["llama"], tmp_path / "p.ninfer", seed=9, dtype="f32", tokenizer="synthetic",
+        name="tiny",
+    )  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "one process, two ranks"}],
+        "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+    }  # fmt: skip
+    running = start_server(
+        AsyncEngine.open(str(path), EngineConfig(max_context=512, threads=1)), model_id="tiny"
+    )
+    try:
+        reply = httpx.post(running.base_url + "/v1/chat/completions", json=body, timeout=60)
+        expected = reply.json()["choices"][0]["message"]["content"]
+    finally:
+        running.stop()
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent / "python"))
+    command = [
+        sys.executable, "-c", "import sys; from ninfer.server.cli import main; sys.exit(main())",
+        str(path), "--device", "cpu", "-tp", "2", "--port", str(port), "--max-context", "512",
+        "--model-id", "tiny", "--log-stats-interval-ms", "0",
+    ]  # fmt: skip
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as server:
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline, "ninfer-serve did not become ready"
+                try:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["message"]["content"] == expected
+        finally:
+            server.send_signal(signal.SIGTERM)
+            _, log_text = server.communicate(timeout=30)
+    assert "tensor parallel: the model split over 2 ranks" in log_text

@@ -173,6 +173,11 @@ async def _run(
             "dummy weights: seeded random values (seed %d), not a trained model",
             config.random_weights_seed,
         )
+    if config.tensor_parallel_size > 1:
+        log.info(
+            "tensor parallel: the model split over %d ranks (threads of this process)",
+            config.tensor_parallel_size,
+        )
     try:
         engine = AsyncEngine.open(str(artifact), config)
     except Exception as exc:  # a bad file or an unavailable device: say which, then exit
