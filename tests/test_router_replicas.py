@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from metrics_scrape import scrape  # noqa: E402
 from ninfer.convert.random import make_random_artifact  # noqa: E402
 from ninfer.engine import AsyncEngine  # noqa: E402
 from ninfer.engine_types import EngineConfig  # noqa: E402
+from ninfer.server.config import AppConfig  # noqa: E402
 from server_harness import RunningServer, free_port, start_server  # noqa: E402
 
 MODEL = "tiny"
@@ -81,13 +83,14 @@ def _router_command(port: int, metrics_port: int, workers: list[str]) -> list[st
     ]  # fmt: skip
 
 
-def _wait_routing(url: str, router: subprocess.Popen) -> None:
+def _wait_routing(url: str, router: subprocess.Popen, api_key: str | None = None) -> None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if router.poll() is not None:
             raise RuntimeError(f"vllm-router exited with {router.returncode}")
         try:
-            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
+            if httpx.get(url + "/v1/models", headers=headers, timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -95,27 +98,32 @@ def _wait_routing(url: str, router: subprocess.Popen) -> None:
     raise RuntimeError("vllm-router did not start routing")
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory) -> Iterator[Deployment]:
+@contextmanager
+def _deploy(directory: Path, api_key: str | None = None) -> Iterator[Deployment]:
     path = make_random_artifact(
-        LLAMA, tmp_path_factory.mktemp("dp") / "tiny.ninfer", seed=3, dtype="f32", name=MODEL,
-        tokenizer="synthetic",
-    )  # fmt: skip
+        LLAMA, directory / "tiny.ninfer", seed=3, dtype="f32", name=MODEL, tokenizer="synthetic"
+    )
     config = EngineConfig(device="cpu", max_concurrency=2, max_context=4096, threads=1)
     replicas = [
-        start_server(AsyncEngine.open(path, config), model_id=MODEL, max_output_tokens=8)
+        start_server(
+            AsyncEngine.open(path, config),
+            AppConfig(api_key=api_key),
+            model_id=MODEL,
+            max_output_tokens=8,
+        )
         for _ in range(2)
     ]
     port = free_port()
+    command = _router_command(port, free_port(), [r.base_url for r in replicas])
     router = subprocess.Popen(
-        _router_command(port, free_port(), [r.base_url for r in replicas]),
+        command + (["--api-key", api_key] if api_key else []),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_routing(url, router)
+        _wait_routing(url, router, api_key)
         yield Deployment(replicas, url, router)
     finally:
         os.killpg(router.pid, signal.SIGTERM)
@@ -125,6 +133,12 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
             os.killpg(router.pid, signal.SIGKILL)
         for replica in replicas:
             replica.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory) -> Iterator[Deployment]:
+    with _deploy(tmp_path_factory.mktemp("dp")) as running:
+        yield running
 
 
 def _openai(d: Deployment) -> openai.OpenAI:
@@ -229,3 +243,19 @@ def test_a_stopped_replica_is_routed_around(deployment):
         assert replica == survivor
         assert turn < 3 or cached > 0  # the conversation's new home caches it from then on
     assert _turn(deployment, _conversation(100), 0)[0] == survivor
+
+
+def test_replicas_with_an_api_key_behind_a_router_with_the_same_key(tmp_path):
+    """The router checks the client's key (Bearer or x-api-key) and sends its own --api-key to
+    the replicas, so every protocol works when both hold the same key."""
+    with _deploy(tmp_path, api_key="sekret") as d:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(d.router_url + "/v1/chat/completions", json=body).status_code == 401
+        client = openai.OpenAI(base_url=d.router_url + "/v1", api_key="sekret", max_retries=0)
+        assert client.chat.completions.create(**body).usage.completion_tokens == 2
+        reply = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+        assert reply.usage.output_tokens == 2
+        anthropic_client = anthropic.Anthropic(  # sends x-api-key
+            base_url=d.router_url, api_key="sekret", max_retries=0
+        )
+        assert anthropic_client.messages.create(**body).usage.output_tokens == 2
