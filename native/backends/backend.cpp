@@ -27,7 +27,9 @@ void kv_page_io_host(KvPool& kv, int32_t page, void* host, bool to_host) {
 void MoeExperts::check(int64_t hidden) const {
   if (num_experts <= 0 || ff <= 0 || top_k <= 0 || top_k > num_experts)
     throw std::invalid_argument("moe_experts: need num_experts > 0, ff > 0 and top_k in [1, num_experts]");
-  if (gate_up.rows != num_experts * 2 * ff || gate_up.cols != hidden || down.rows != num_experts * hidden ||
+  if (first_expert < 0 || local_experts < 0 || first_expert + held_experts() > num_experts)
+    throw std::invalid_argument("moe_experts: the held experts are outside [0, num_experts)");
+  if (gate_up.rows != held_experts() * 2 * ff || gate_up.cols != hidden || down.rows != held_experts() * hidden ||
       down.cols != ff)
     throw std::invalid_argument("moe_experts: stacked expert weights do not match [E·2ff, H] and [E·H, ff]");
 }

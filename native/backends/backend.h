@@ -136,9 +136,16 @@ struct MoeExperts {
   int64_t ff = 0;             // moe_intermediate_size
   int64_t top_k = 0;
   bool renormalize = true;    // divide the top-k probabilities by their sum
+  // Expert parallelism: the stacks hold only experts [first_expert, first_expert +
+  // local_experts) of the num_experts the router scores (routing is over all of them); pairs
+  // routed elsewhere add nothing here. 0 local experts = the stacks hold every expert.
+  int64_t first_expert = 0;
+  int64_t local_experts = 0;
+  int64_t held_experts() const { return local_experts > 0 ? local_experts : num_experts; }
 
   // Throws std::invalid_argument unless the counts are sane and the stacked weights have the
-  // shapes above for this hidden size (every backend's moe_experts checks this first).
+  // shapes above (with held_experts() matrices) for this hidden size (every backend's
+  // moe_experts checks this first).
   void check(int64_t hidden) const;
 };
 

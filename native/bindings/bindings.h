@@ -15,6 +15,7 @@ void bind_ops(pybind11::module_& m);       // ops_bindings.cpp  (kernels, for te
 void bind_model_runner(pybind11::module_& m);  // model_runner_bindings.cpp (called by bind_ops)
 void bind_engine(pybind11::module_& m);    // engine_bindings.cpp
 void bind_hybrid_ops(pybind11::module_& m);  // hybrid_ops_bindings.cpp (GDN, gated attn, MoE)
+void bind_parallel(pybind11::module_& m);     // parallel_bindings.cpp (CPU collectives, for tests)
 void bind_cuda(pybind11::module_& m);      // cuda_bindings.cpp (CUDA ops, for tests)
 void bind_cuda_hybrid(pybind11::module_& m);  // cuda_hybrid_bindings.cpp (called by bind_cuda)
 void bind_sampling(pybind11::module_& m);   // sampling_bindings.cpp (called by bind_engine)

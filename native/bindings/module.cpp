@@ -6,5 +6,6 @@ PYBIND11_MODULE(_core, m) {
   ninfer::bindings::bind_ops(m);
   ninfer::bindings::bind_engine(m);
   ninfer::bindings::bind_hybrid_ops(m);
+  ninfer::bindings::bind_parallel(m);
   ninfer::bindings::bind_cuda(m);
 }

@@ -25,6 +25,8 @@ struct RuntimeOptions {
   // >= 0: read only the artifact's header and make seeded random weights on the device
   // (ModelOptions::random_weights_seed), for benchmarks without a weight file.
   int64_t random_weights_seed = -1;
+  // Ranks of tensor parallelism (ModelOptions::tensor_parallel_size); 1 = none.
+  int tensor_parallel_size = 1;
 };
 // An engine over the artifact's model; options.eos_ids empty = the artifact's
 // tokenizer.eos_token_ids. Throws ArtifactError / std::runtime_error with the reason.

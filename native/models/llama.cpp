@@ -12,6 +12,8 @@
 #include "cache/kv_pool.h"
 #include "models/rope.h"
 #include "models/weight_statistics.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tensor_slices.h"
 
 namespace ninfer {
 
@@ -49,6 +51,16 @@ LlamaConfig read_config(const Artifact& artifact) {
   return cfg;
 }
 
+// One tensor-parallel rank's share of the dimensions the group splits (query and KV heads,
+// MLP columns); the vocabulary stays whole here (the LM head splits it when it divides).
+LlamaConfig rank_config(LlamaConfig cfg, const TensorParallelRank* tp) {
+  if (!tp || !tp->active()) return cfg;
+  cfg.kv_heads = tp->kv_heads(cfg.heads, cfg.kv_heads);
+  cfg.heads = tp->share(cfg.heads, "num_attention_heads");
+  cfg.intermediate = tp->share(cfg.intermediate, "intermediate_size");
+  return cfg;
+}
+
 ModelInfo describe(const Artifact& artifact, const LlamaConfig& cfg) {
   ModelInfo info;
   info.architecture = artifact.architecture();
@@ -66,8 +78,9 @@ ModelInfo describe(const Artifact& artifact, const LlamaConfig& cfg) {
 class LlamaModel final : public Model {
  public:
   LlamaModel(const Artifact& artifact, KvPool& kv, const ModelOptions& options)
-      : cfg_(read_config(artifact)), info_(describe(artifact, cfg_)), rope_(artifact.config()), kv_(kv),
-        options_(options), artifact_(artifact) {
+      : cfg_(rank_config(read_config(artifact), options.tensor_parallel)), full_(read_config(artifact)),
+        info_(describe(artifact, full_)), rope_(artifact.config()), kv_(kv), options_(options), artifact_(artifact),
+        tp_(options.tensor_parallel ? *options.tensor_parallel : TensorParallelRank{}) {
     if (options.max_batch_tokens <= 0 || options.max_lanes <= 0)
       throw std::runtime_error("max_batch_tokens and max_lanes must be positive");
     if (kv.num_layers() != cfg_.layers || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
@@ -95,11 +108,13 @@ class LlamaModel final : public Model {
 
   bool random_weights() const { return options_.random_weights_seed >= 0; }
 
-  Weight matrix(const std::string& name, int64_t rows, int64_t cols) {
+  // `rows` x `cols` is the tensor's whole shape; `part` is what this rank keeps of it.
+  Weight matrix(const std::string& name, int64_t rows, int64_t cols, const TensorPart& part = {}) {
     if (random_weights()) {
       // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
       const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-      const Weight w = backend_->random_weight(rows, cols, seed, std::sqrt(3.0f / static_cast<float>(cols)));
+      const Weight w = backend_->random_weight(part.kept_rows(rows), part.kept_columns(cols), seed,
+                                               std::sqrt(3.0f / static_cast<float>(cols)));
       add_random_weight_statistics(info_, w);
       return w;
     }
@@ -107,9 +122,9 @@ class LlamaModel final : public Model {
     if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
       throw std::runtime_error("tensor '" + name + "' should have shape [" + std::to_string(rows) + ", " +
                                std::to_string(cols) + "]");
-    return backend_->upload_weight(t);
+    return backend_->upload_weight(part.select(slices_, t));
   }
-  Buffer vector(const std::string& name, int64_t size, bool required = true) {
+  Buffer vector(const std::string& name, int64_t size, bool required = true, const TensorPart& part = {}) {
     if (random_weights()) {  // norm weights are 1, optional tensors (biases) absent
       if (!required) return {};
       add_random_weight_statistics(info_, DType::F32, 1, size);
@@ -125,7 +140,7 @@ class LlamaModel final : public Model {
     }
     if (t->shape.size() != 1 || t->shape[0] != size)
       throw std::runtime_error("tensor '" + name + "' should have shape [" + std::to_string(size) + "]");
-    return backend_->upload_vector(*t);
+    return backend_->upload_vector(part.select(slices_, *t));
   }
 
   void load_weights();
@@ -135,28 +150,60 @@ class LlamaModel final : public Model {
   int64_t enqueue_step(const BatchPlan& plan);
   void apply_rope(float* x, int64_t heads, const std::vector<int32_t>& positions,
                   const std::vector<AttentionSlice>& slices);
+  // --- tensor parallelism (a no-op without it) ---
+  // This rank's rows [begin, begin + count) or columns of a weight; all of it without TP.
+  TensorPart rows_part(int64_t begin, int64_t count) const {
+    return tp_.active() ? TensorPart::row_range(begin, count) : TensorPart::all();
+  }
+  TensorPart columns_part(int64_t begin, int64_t count) const {
+    return tp_.active() ? TensorPart::column_range(begin, count) : TensorPart::all();
+  }
+  // A row-parallel projection leaves each rank a partial sum; the all-reduce completes it.
+  void reduce_partial_sums(float* x, int64_t n) {
+    if (!tp_.active()) return;
+    backend_->synchronize();
+    tp_.collective->all_reduce_sum(x, n);
+  }
+  // Vocabulary-parallel logits [rows, vocab / size] of every rank → logits_ [rows, vocab].
+  void gather_vocabulary(int64_t rows);
 
-  LlamaConfig cfg_;
+  LlamaConfig cfg_;   // this rank's dimensions (the whole model's without tensor parallelism)
+  LlamaConfig full_;  // the whole model's
   ModelInfo info_;
   RopeScaling rope_;
   RopeTable rope_table_;
   KvPool& kv_;
   ModelOptions options_;
   const Artifact& artifact_;
+  TensorParallelRank tp_;
+  TensorSlices slices_;          // this rank's parts of split tensors (tensor parallelism)
+  bool vocab_parallel_ = false;  // the LM head holds vocab / size rows of this rank
   std::unique_ptr<Backend> backend_;
 
   Weight embed_, lm_head_;
   Buffer final_norm_;
   std::vector<Layer> layers_;
   Buffer hidden_, normed_, q_, k_, v_, attn_, gate_, up_, logit_inputs_, logits_;
+  Buffer rank_logits_, gathered_logits_;  // vocabulary-parallel LM head
+  std::vector<int32_t> vocab_order_;      // gathered_logits_ row of each logits_ row part
 };
 
 void LlamaModel::load_weights() {
-  const int64_t h = cfg_.hidden, qd = cfg_.heads * cfg_.head_dim, kvd = cfg_.kv_heads * cfg_.head_dim;
+  const int64_t h = cfg_.hidden, hd = cfg_.head_dim, qd = cfg_.heads * hd, kvd = cfg_.kv_heads * hd;
+  // Tensor parallelism (Megatron): q/k/v and gate/up keep this rank's heads / MLP rows, o and
+  // down the matching columns; the LM head this rank's slice of the vocabulary.
+  const int64_t full_qd = full_.heads * hd, full_kvd = full_.kv_heads * hd, ff = cfg_.intermediate;
+  const TensorPart q_rows = rows_part(tp_.rank * qd, qd), o_columns = columns_part(tp_.rank * qd, qd);
+  const TensorPart kv_rows = rows_part(tp_.first_kv_head(full_.heads, full_.kv_heads) * hd, kvd);
+  const TensorPart ff_rows = rows_part(tp_.rank * ff, ff), ff_columns = columns_part(tp_.rank * ff, ff);
+  vocab_parallel_ = tp_.active() && cfg_.vocab % tp_.size == 0;
+  const int64_t vocab_share = vocab_parallel_ ? cfg_.vocab / tp_.size : cfg_.vocab;
+  const TensorPart vocab_rows = rows_part(tp_.rank * vocab_share, vocab_share);
   embed_ = matrix("model.embed_tokens.weight", cfg_.vocab, h);
   const bool untied = random_weights() ? !artifact_.config().get_bool("tie_word_embeddings", false)
                                        : artifact_.find("lm_head.weight") != nullptr;
-  lm_head_ = untied ? matrix("lm_head.weight", cfg_.vocab, h) : embed_;
+  if (untied) lm_head_ = matrix("lm_head.weight", cfg_.vocab, h, vocab_parallel_ ? vocab_rows : TensorPart::all());
+  else lm_head_ = vocab_parallel_ ? matrix("model.embed_tokens.weight", cfg_.vocab, h, vocab_rows) : embed_;
   final_norm_ = vector("model.norm.weight", h);
   layers_.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t i = 0; i < cfg_.layers; ++i) {
@@ -164,22 +211,23 @@ void LlamaModel::load_weights() {
     Layer& L = layers_[static_cast<size_t>(i)];
     L.input_norm = vector(p + "input_layernorm.weight", h);
     L.post_norm = vector(p + "post_attention_layernorm.weight", h);
-    L.q = matrix(p + "self_attn.q_proj.weight", qd, h);
-    L.k = matrix(p + "self_attn.k_proj.weight", kvd, h);
-    L.v = matrix(p + "self_attn.v_proj.weight", kvd, h);
-    L.o = matrix(p + "self_attn.o_proj.weight", h, qd);
+    L.q = matrix(p + "self_attn.q_proj.weight", full_qd, h, q_rows);
+    L.k = matrix(p + "self_attn.k_proj.weight", full_kvd, h, kv_rows);
+    L.v = matrix(p + "self_attn.v_proj.weight", full_kvd, h, kv_rows);
+    L.o = matrix(p + "self_attn.o_proj.weight", h, full_qd, o_columns);
     // Biases are used wherever the checkpoint has them (Qwen2: q/k/v; Llama attention_bias: also o).
-    L.q_bias = vector(p + "self_attn.q_proj.bias", qd, false);
-    L.k_bias = vector(p + "self_attn.k_proj.bias", kvd, false);
-    L.v_bias = vector(p + "self_attn.v_proj.bias", kvd, false);
-    L.o_bias = vector(p + "self_attn.o_proj.bias", h, false);
+    L.q_bias = vector(p + "self_attn.q_proj.bias", full_qd, false, q_rows);
+    L.k_bias = vector(p + "self_attn.k_proj.bias", full_kvd, false, kv_rows);
+    L.v_bias = vector(p + "self_attn.v_proj.bias", full_kvd, false, kv_rows);
+    // added once, by rank 0, to the partial sums the all-reduce completes
+    if (tp_.rank == 0) L.o_bias = vector(p + "self_attn.o_proj.bias", h, false);
     if (cfg_.qk_norm) {
       L.q_norm = vector(p + "self_attn.q_norm.weight", cfg_.head_dim);
       L.k_norm = vector(p + "self_attn.k_norm.weight", cfg_.head_dim);
     }
-    L.gate = matrix(p + "mlp.gate_proj.weight", cfg_.intermediate, h);
-    L.up = matrix(p + "mlp.up_proj.weight", cfg_.intermediate, h);
-    L.down = matrix(p + "mlp.down_proj.weight", h, cfg_.intermediate);
+    L.gate = matrix(p + "mlp.gate_proj.weight", full_.intermediate, h, ff_rows);
+    L.up = matrix(p + "mlp.up_proj.weight", full_.intermediate, h, ff_rows);
+    L.down = matrix(p + "mlp.down_proj.weight", h, full_.intermediate, ff_columns);
   }
 }
 
@@ -269,6 +317,10 @@ int64_t LlamaModel::enqueue_step(const BatchPlan& plan) {
   if (logits_.size() < rows * cfg_.vocab) {  // before run_step: a step's ops must not allocate
     logit_inputs_ = b.alloc(rows * h);
     logits_ = b.alloc(rows * cfg_.vocab);
+    if (vocab_parallel_) {
+      rank_logits_ = b.alloc(rows * cfg_.vocab / tp_.size);
+      gathered_logits_ = b.alloc(rows * cfg_.vocab);
+    }
   }
   b.run_step(plan.single_token_slices(), [&] {
     b.embedding(embed_, plan.tokens, hidden);
@@ -286,21 +338,36 @@ int64_t LlamaModel::enqueue_step(const BatchPlan& plan) {
       b.kv_write(kv_, li, k, v, slices);
       b.attention(kv_, li, q, slices, shape, attn);
       b.matmul(attn, t, L.o, L.o_bias.data(), normed);
+      reduce_partial_sums(normed, t * h);
       b.add(hidden, normed, t * h);
       b.rms_norm(hidden, t, h, L.post_norm.data(), cfg_.eps, normed);
       const MatmulOutput gate_up[] = {{&L.gate, nullptr, gate}, {&L.up, nullptr, up}};
       b.matmul_many(normed, t, gate_up);
       b.swiglu(gate, up, t * inter, gate);
       b.matmul(gate, t, L.down, nullptr, normed);
+      reduce_partial_sums(normed, t * h);
       b.add(hidden, normed, t * h);
     }
 
     if (rows == 0) return;
     b.gather_rows(hidden, h, logit_rows, logit_inputs_.data());
     b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
-    b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+    if (!vocab_parallel_) return b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+    b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, rank_logits_.data());
+    gather_vocabulary(rows);
   });
   return rows;
+}
+
+void LlamaModel::gather_vocabulary(int64_t rows) {
+  const int64_t share = cfg_.vocab / tp_.size;
+  backend_->synchronize();
+  tp_.collective->all_gather(rank_logits_.data(), rows * share, gathered_logits_.data());
+  // gathered [rank, row, share] → logits [row, rank, share]: row (r, k) is gathered row k·rows + r
+  vocab_order_.resize(static_cast<size_t>(rows * tp_.size));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < tp_.size; ++k) vocab_order_[static_cast<size_t>(r * tp_.size + k)] = static_cast<int32_t>(k * rows + r);
+  backend_->gather_rows(gathered_logits_.data(), share, vocab_order_, logits_.data());
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ namespace ninfer {
 
 class Artifact;
 class KvPool;
+struct TensorParallelRank;
 
 // Shape facts every architecture exposes; the engine sizes pools and samplers from them.
 struct ModelInfo {
@@ -136,6 +137,11 @@ struct ModelOptions {
   // ("bf16", "fp8" or "nvfp4"; models/quantized_names.h), made by
   // Backend::random_quantized_weight.
   std::string random_weights_dtype = "bf16";
+  // Tensor parallelism (parallel/tensor_parallel_model.h): ranks the model is split over; with
+  // more than one, load_model builds one model per rank behind a single Model.
+  int tensor_parallel_size = 1;
+  // Set for each of those rank models: which shard it is and its collective (null otherwise).
+  const TensorParallelRank* tensor_parallel = nullptr;
 };
 
 // Builds the model the artifact's architecture names. Throws std::runtime_error with a clear

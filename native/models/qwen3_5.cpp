@@ -15,6 +15,8 @@
 #include "models/qwen3_5_config.h"
 #include "models/rope.h"
 #include "models/weight_statistics.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tensor_slices.h"
 
 namespace ninfer {
 
@@ -32,6 +34,31 @@ ModelInfo describe(const Artifact& artifact, const Qwen35Config& cfg) {
   info.max_position_embeddings = cfg.max_positions;
   add_weight_statistics(artifact, info);
   return info;
+}
+
+// Whether a rank keeps whole experts (expert parallelism: the group divides the experts) rather
+// than a slice of every expert's columns.
+bool expert_parallel(const Qwen35Config& cfg, const TensorParallelRank& tp) {
+  return cfg.moe && tp.active() && cfg.num_experts % tp.size == 0;
+}
+
+// One tensor-parallel rank's share of the dimensions the group splits: attention heads, GDN key
+// and value heads, MLP / shared-expert columns, and the routed experts: whole experts per rank
+// when the group divides them, else a slice of every expert's columns. The router stays whole,
+// so every rank routes every token alike.
+Qwen35Config rank_config(Qwen35Config cfg, const TensorParallelRank* tp) {
+  if (!tp || !tp->active()) return cfg;
+  cfg.kv_heads = tp->kv_heads(cfg.heads, cfg.kv_heads);
+  cfg.heads = tp->share(cfg.heads, "num_attention_heads");
+  cfg.gdn.key_heads = tp->share(cfg.gdn.key_heads, "linear_num_key_heads");
+  cfg.gdn.value_heads = tp->share(cfg.gdn.value_heads, "linear_num_value_heads");
+  if (cfg.moe) {
+    if (!expert_parallel(cfg, *tp)) cfg.moe_ff = tp->share(cfg.moe_ff, "moe_intermediate_size");
+    cfg.shared_ff = tp->share(cfg.shared_ff, "shared_expert_intermediate_size");
+  } else {
+    cfg.intermediate = tp->share(cfg.intermediate, "intermediate_size");
+  }
+  return cfg;
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -75,8 +102,10 @@ struct StepLayout {
 class Qwen35Model final : public Model, public MtpHead {
  public:
   Qwen35Model(const Artifact& artifact, KvPool& kv, const ModelOptions& options)
-      : cfg_(read_qwen3_5_config(artifact)), info_(describe(artifact, cfg_)), rope_(artifact.config()), kv_(kv),
-        options_(options), artifact_(artifact) {
+      : cfg_(rank_config(read_qwen3_5_config(artifact), options.tensor_parallel)),
+        full_(read_qwen3_5_config(artifact)), info_(describe(artifact, full_)), rope_(artifact.config()), kv_(kv),
+        options_(options), artifact_(artifact),
+        tp_(options.tensor_parallel ? *options.tensor_parallel : TensorParallelRank{}) {
     if (options.max_batch_tokens <= 0 || options.max_lanes <= 0)
       throw std::runtime_error("max_batch_tokens and max_lanes must be positive");
     if (kv.num_layers() != cfg_.kv_pool_layers() || kv.num_kv_heads() != cfg_.kv_heads || kv.head_dim() != cfg_.head_dim)
@@ -145,10 +174,29 @@ class Qwen35Model final : public Model, public MtpHead {
   int64_t enqueue_step(const BatchPlan& plan);
   void finish_step(const BatchPlan& plan);
   const TensorView& checked(const std::string& name, const std::vector<int64_t>& shape) const;
-  Weight matrix(const std::string& name, int64_t rows, int64_t cols);
-  Weight stacked(const std::string& name, const std::vector<int64_t>& shape);
+  // Shapes are the whole tensor's; `part` is what this rank keeps (tensor parallelism).
+  Weight matrix(const std::string& name, int64_t rows, int64_t cols, const TensorPart& part = {});
+  // `matrices`: the matrices of the stack the part keeps (0 = shape[0]).
+  Weight stacked(const std::string& name, const std::vector<int64_t>& shape, const TensorPart& part = {},
+                 int64_t matrices = 0);
   Buffer filled(int64_t size, float value);
-  Buffer vector(const std::string& name, const std::vector<int64_t>& shape, float random_value);
+  Buffer vector(const std::string& name, const std::vector<int64_t>& shape, float random_value,
+                const TensorPart& part = {});
+  // --- tensor parallelism (no-ops without it) ---
+  TensorPart rows_part(std::vector<RowRange> ranges) const {
+    return tp_.active() ? TensorPart{std::move(ranges), {}} : TensorPart::all();
+  }
+  TensorPart columns_part(int64_t begin, int64_t count) const {
+    return tp_.active() ? TensorPart::column_range(begin, count) : TensorPart::all();
+  }
+  // A row-parallel projection leaves each rank a partial sum; the all-reduce completes it.
+  void reduce_partial_sums(float* x, int64_t n) {
+    if (!tp_.active()) return;
+    backend_->synchronize();
+    tp_.collective->all_reduce_sum(x, n);
+  }
+  // Vocabulary-parallel logits [rows, vocab / size] of every rank → logits_ [rows, vocab].
+  void gather_vocabulary(int64_t rows);
   Buffer zero_centered_norm(const std::string& name, int64_t size);
 
   void load_attention(Layer& L, const std::string& p);
@@ -167,13 +215,17 @@ class Qwen35Model final : public Model, public MtpHead {
   void decoder_layer(const Layer& L, int64_t t, const StepLayout& step, bool input_normed = false,
                      const Layer* next = nullptr);
 
-  Qwen35Config cfg_;
+  Qwen35Config cfg_;   // this rank's dimensions (the whole model's without tensor parallelism)
+  Qwen35Config full_;  // the whole model's
   ModelInfo info_;
   RopeScaling rope_;
   RopeTable rope_table_;
   KvPool& kv_;
   ModelOptions options_;
   const Artifact& artifact_;
+  TensorParallelRank tp_;
+  TensorSlices slices_;          // this rank's parts of split tensors
+  bool vocab_parallel_ = false;  // the LM head holds vocab / size rows of this rank
   std::unique_ptr<Backend> backend_;
 
   Weight embed_, lm_head_;
@@ -196,6 +248,8 @@ class Qwen35Model final : public Model, public MtpHead {
   Buffer mixed_, z_, b_, a_, gdn_out_;
   Buffer ff_gate_, ff_up_, router_, shared_gate_, shared_out_;
   Buffer mtp_cat_, logit_inputs_, logits_;
+  Buffer rank_logits_, gathered_logits_;  // vocabulary-parallel LM head
+  std::vector<int32_t> vocab_order_;      // gathered_logits_ row of each logits_ row part
 };
 
 const TensorView& Qwen35Model::checked(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -207,31 +261,34 @@ const TensorView& Qwen35Model::checked(const std::string& name, const std::vecto
   return *t;
 }
 
-Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols) {
+Weight Qwen35Model::matrix(const std::string& name, int64_t rows, int64_t cols, const TensorPart& part) {
   if (random_weights()) {
     // Uniform in [-a, a] with a = sqrt(3 / cols): unit-variance outputs for unit-RMS inputs.
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    const Weight w = backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, rows, seed,
-                                                       std::sqrt(3.0f / static_cast<float>(cols)));
+    const int64_t kept_rows = part.kept_rows(rows), kept_cols = part.kept_columns(cols);
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, kept_cols), kept_rows, kept_cols, kept_rows,
+                                                       seed, std::sqrt(3.0f / static_cast<float>(cols)));
     add_random_weight_statistics(info_, w);
     return w;
   }
-  return backend_->upload_weight(checked(name, {rows, cols}));
+  return backend_->upload_weight(part.select(slices_, checked(name, {rows, cols})));
 }
 
 // A stacked [E, r, c] tensor as one [E·r, c] weight (the MoeExperts layout).
-Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape) {
+Weight Qwen35Model::stacked(const std::string& name, const std::vector<int64_t>& shape, const TensorPart& part,
+                            int64_t matrices) {
   if (random_weights()) {
     const uint64_t seed = std::hash<std::string>{}(name) ^ static_cast<uint64_t>(options_.random_weights_seed);
-    const Weight w = backend_->random_quantized_weight(random_dtype(name, shape[2]), shape[0] * shape[1],
-                                                       shape[2], shape[1], seed,
+    const int64_t rows = part.kept_rows(shape[0] * shape[1]), cols = part.kept_columns(shape[2]);
+    const int64_t group_rows = rows / (matrices > 0 ? matrices : shape[0]);
+    const Weight w = backend_->random_quantized_weight(random_dtype(name, cols), rows, cols, group_rows, seed,
                                                        std::sqrt(3.0f / static_cast<float>(shape[2])));
     add_random_weight_statistics(info_, w);
     return w;
   }
   TensorView flat = checked(name, shape);
   flat.shape = {shape[0] * shape[1], shape[2]};
-  return backend_->upload_weight(flat);
+  return backend_->upload_weight(part.select(slices_, flat));
 }
 
 Buffer Qwen35Model::filled(int64_t size, float value) {
@@ -242,16 +299,18 @@ Buffer Qwen35Model::filled(int64_t size, float value) {
 }
 
 // A tensor of any shape as flat float32 (e.g. conv1d.weight [C, 1, K] → [C·K]).
-Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& shape, float random_value) {
+Buffer Qwen35Model::vector(const std::string& name, const std::vector<int64_t>& shape, float random_value,
+                           const TensorPart& part) {
   if (random_weights()) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
+    n = part.kept_rows(n);
     add_random_weight_statistics(info_, DType::F32, 1, n);
     return filled(n, random_value);
   }
   TensorView flat = checked(name, shape);
   flat.shape = {flat.numel()};
-  return backend_->upload_vector(flat);
+  return backend_->upload_vector(part.select(slices_, flat));
 }
 
 Buffer Qwen35Model::zero_centered_norm(const std::string& name, int64_t size) {
@@ -270,51 +329,79 @@ Buffer Qwen35Model::zero_centered_norm(const std::string& name, int64_t size) {
 
 void Qwen35Model::load_attention(Layer& L, const std::string& p) {
   const int64_t h = cfg_.hidden, hd = cfg_.head_dim, qd = cfg_.heads * hd, kvd = cfg_.kv_heads * hd;
+  // Tensor parallelism: this rank's heads ([query | gate] rows per head with the output gate).
+  const int64_t q_rows = cfg_.attn_output_gate ? 2 * qd : qd, full_q_rows = q_rows * (full_.heads / cfg_.heads);
+  const int64_t first_kv = tp_.first_kv_head(full_.heads, full_.kv_heads) * hd, full_kvd = full_.kv_heads * hd;
   L.full_attention = true;
-  L.q = matrix(p + "self_attn.q_proj.weight", cfg_.attn_output_gate ? 2 * qd : qd, h);
-  L.k = matrix(p + "self_attn.k_proj.weight", kvd, h);
-  L.v = matrix(p + "self_attn.v_proj.weight", kvd, h);
-  L.o = matrix(p + "self_attn.o_proj.weight", h, qd);
+  L.q = matrix(p + "self_attn.q_proj.weight", full_q_rows, h, rows_part({{tp_.rank * q_rows, q_rows}}));
+  L.k = matrix(p + "self_attn.k_proj.weight", full_kvd, h, rows_part({{first_kv, kvd}}));
+  L.v = matrix(p + "self_attn.v_proj.weight", full_kvd, h, rows_part({{first_kv, kvd}}));
+  L.o = matrix(p + "self_attn.o_proj.weight", h, full_.heads * hd, columns_part(tp_.rank * qd, qd));
   L.q_norm = zero_centered_norm(p + "self_attn.q_norm.weight", hd);
   L.k_norm = zero_centered_norm(p + "self_attn.k_norm.weight", hd);
 }
 
 void Qwen35Model::load_gdn(Layer& L, const std::string& p) {
   const GdnShape& g = cfg_.gdn;
+  const GdnShape& G = full_.gdn;
   const int64_t h = cfg_.hidden;
   const std::string a = p + "linear_attn.";
-  L.in_qkv = matrix(a + "in_proj_qkv.weight", g.conv_channels(), h);
-  L.in_z = matrix(a + "in_proj_z.weight", g.value_width(), h);
-  L.in_b = matrix(a + "in_proj_b.weight", g.value_heads, h);
-  L.in_a = matrix(a + "in_proj_a.weight", g.value_heads, h);
-  L.out_proj = matrix(a + "out_proj.weight", h, g.value_width());
-  L.conv_weight = vector(a + "conv1d.weight", {g.conv_channels(), 1, g.conv_kernel},
-                         1.0f / static_cast<float>(g.conv_kernel));
-  L.A_log = vector(a + "A_log", {g.value_heads}, 0.0f);
-  L.dt_bias = vector(a + "dt_bias", {g.value_heads}, 0.0f);
+  // Tensor parallelism: this rank's key heads and the value heads that read them, in each of
+  // the q | k | v channel blocks of the projection and the conv (K taps per channel).
+  const int64_t r = tp_.rank, kw = g.key_width(), vw = g.value_width(), K = g.conv_kernel;
+  const std::vector<RowRange> channels = {{r * kw, kw}, {G.key_width() + r * kw, kw}, {2 * G.key_width() + r * vw, vw}};
+  std::vector<RowRange> conv_taps;
+  for (const auto& c : channels) conv_taps.push_back({c.begin * K, c.count * K});
+  const TensorPart value_rows = rows_part({{r * vw, vw}}), head_rows = rows_part({{r * g.value_heads, g.value_heads}});
+  L.in_qkv = matrix(a + "in_proj_qkv.weight", G.conv_channels(), h, rows_part(channels));
+  L.in_z = matrix(a + "in_proj_z.weight", G.value_width(), h, value_rows);
+  L.in_b = matrix(a + "in_proj_b.weight", G.value_heads, h, head_rows);
+  L.in_a = matrix(a + "in_proj_a.weight", G.value_heads, h, head_rows);
+  L.out_proj = matrix(a + "out_proj.weight", h, G.value_width(), columns_part(r * vw, vw));
+  L.conv_weight = vector(a + "conv1d.weight", {G.conv_channels(), 1, K}, 1.0f / static_cast<float>(K),
+                         rows_part(conv_taps));
+  L.A_log = vector(a + "A_log", {G.value_heads}, 0.0f, head_rows);
+  L.dt_bias = vector(a + "dt_bias", {G.value_heads}, 0.0f, head_rows);
   L.gdn_norm = vector(a + "norm.weight", {g.value_dim}, 1.0f);
 }
 
 void Qwen35Model::load_mlp(Layer& L, const std::string& p) {
   const int64_t h = cfg_.hidden;
   const std::string m = p + "mlp.";
+  const int64_t r = tp_.rank;
   if (!cfg_.moe) {
-    L.gate = matrix(m + "gate_proj.weight", cfg_.intermediate, h);
-    L.up = matrix(m + "up_proj.weight", cfg_.intermediate, h);
-    L.down = matrix(m + "down_proj.weight", h, cfg_.intermediate);
+    const int64_t ff = cfg_.intermediate;
+    L.gate = matrix(m + "gate_proj.weight", full_.intermediate, h, rows_part({{r * ff, ff}}));
+    L.up = matrix(m + "up_proj.weight", full_.intermediate, h, rows_part({{r * ff, ff}}));
+    L.down = matrix(m + "down_proj.weight", h, full_.intermediate, columns_part(r * ff, ff));
     return;
   }
-  const int64_t e = cfg_.num_experts, ff = cfg_.moe_ff;
+  const int64_t e = cfg_.num_experts, ff = cfg_.moe_ff, full_ff = full_.moe_ff;
   L.router = matrix(m + "gate.weight", e, h);
-  L.experts.gate_up = stacked(m + "experts.gate_up_proj", {e, 2 * ff, h});
-  L.experts.down = stacked(m + "experts.down_proj", {e, h, ff});
+  if (expert_parallel(cfg_, tp_)) {  // this rank's whole experts
+    const int64_t held = e / tp_.size, first = r * held;
+    L.experts.gate_up = stacked(m + "experts.gate_up_proj", {e, 2 * ff, h}, rows_part({{first * 2 * ff, held * 2 * ff}}),
+                                held);
+    L.experts.down = stacked(m + "experts.down_proj", {e, h, ff}, rows_part({{first * h, held * h}}), held);
+    L.experts.first_expert = first;
+    L.experts.local_experts = held;
+  } else {  // every expert's slice of columns (gate rows, then up rows, per expert)
+    std::vector<RowRange> expert_rows;
+    for (int64_t x = 0; x < e; ++x) {
+      expert_rows.push_back({x * 2 * full_ff + r * ff, ff});
+      expert_rows.push_back({x * 2 * full_ff + full_ff + r * ff, ff});
+    }
+    L.experts.gate_up = stacked(m + "experts.gate_up_proj", {e, 2 * full_ff, h}, rows_part(expert_rows));
+    L.experts.down = stacked(m + "experts.down_proj", {e, h, full_ff}, columns_part(r * ff, ff));
+  }
   L.experts.num_experts = e;
   L.experts.ff = ff;
   L.experts.top_k = cfg_.top_k;
   L.experts.renormalize = cfg_.norm_topk;
-  L.gate = matrix(m + "shared_expert.gate_proj.weight", cfg_.shared_ff, h);
-  L.up = matrix(m + "shared_expert.up_proj.weight", cfg_.shared_ff, h);
-  L.down = matrix(m + "shared_expert.down_proj.weight", h, cfg_.shared_ff);
+  const int64_t sff = cfg_.shared_ff;
+  L.gate = matrix(m + "shared_expert.gate_proj.weight", full_.shared_ff, h, rows_part({{r * sff, sff}}));
+  L.up = matrix(m + "shared_expert.up_proj.weight", full_.shared_ff, h, rows_part({{r * sff, sff}}));
+  L.down = matrix(m + "shared_expert.down_proj.weight", h, full_.shared_ff, columns_part(r * sff, sff));
   L.shared_gate = matrix(m + "shared_expert_gate.weight", 1, h);
 }
 
@@ -322,7 +409,12 @@ void Qwen35Model::load_weights() {
   const int64_t h = cfg_.hidden;
   embed_ = matrix("model.embed_tokens.weight", cfg_.vocab, h);
   const bool untied = random_weights() ? !cfg_.tie_embeddings : artifact_.find("lm_head.weight") != nullptr;
-  lm_head_ = untied ? matrix("lm_head.weight", cfg_.vocab, h) : embed_;
+  // Tensor parallelism: each rank scores its slice of the vocabulary when the group divides it.
+  vocab_parallel_ = tp_.active() && cfg_.vocab % tp_.size == 0;
+  const int64_t share = vocab_parallel_ ? cfg_.vocab / tp_.size : cfg_.vocab;
+  const TensorPart vocab_rows = vocab_parallel_ ? rows_part({{tp_.rank * share, share}}) : TensorPart::all();
+  if (untied) lm_head_ = matrix("lm_head.weight", cfg_.vocab, h, vocab_rows);
+  else lm_head_ = vocab_parallel_ ? matrix("model.embed_tokens.weight", cfg_.vocab, h, vocab_rows) : embed_;
   final_norm_ = zero_centered_norm("model.norm.weight", h);
   int64_t kv_layer = 0, gdn_index = 0;
   layers_.resize(static_cast<size_t>(cfg_.layers));
@@ -554,6 +646,7 @@ void Qwen35Model::attention_mixer(const Layer& L, int64_t t, const StepLayout& s
   b.attention(kv_, L.kv_layer, q, step.attention, shape, attn_.data());
   if (cfg_.attn_output_gate) b.sigmoid_mul(attn_.data(), gate_.data(), t * cfg_.heads * hd);
   b.matmul(attn_.data(), t, L.o, nullptr, out);
+  reduce_partial_sums(out, t * cfg_.hidden);
 }
 
 // Gated DeltaNet (spec §2.4) of normed_ into out [t, hidden], continuing each lane's state.
@@ -577,6 +670,7 @@ void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, f
   const GdnLayerWeights weights{L.conv_weight.data(), L.A_log.data(), L.dt_bias.data(), L.gdn_norm.data()};
   b.gdn_mixer(cfg_.gdn, weights, slices, mixed_.data(), z_.data(), b_.data(), a_.data(), gdn_out_.data());
   b.matmul(gdn_out_.data(), t, L.out_proj, nullptr, out);
+  reduce_partial_sums(out, t * cfg_.hidden);
 }
 
 // Dense SwiGLU MLP or sparse MoE with the sigmoid-gated shared expert (spec §2.5-2.6), of
@@ -597,6 +691,7 @@ void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
   b.swiglu(ff_gate_.data(), ff_up_.data(), t * ff, ff_gate_.data());
   b.matmul(ff_gate_.data(), t, L.down, nullptr, dense_out);
   if (cfg_.moe) b.add_sigmoid_gated(out, shared_out_.data(), shared_gate_.data(), t, h);
+  reduce_partial_sums(out, t * h);  // the experts' and the shared expert's partial sums at once
 }
 
 void Qwen35Model::decoder_layer(const Layer& L, int64_t t, const StepLayout& step, bool input_normed,
@@ -662,6 +757,10 @@ int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
   if (logits_.size() < rows * cfg_.vocab) {  // before run_step: a step's ops must not allocate
     logit_inputs_ = b.alloc(rows * h);
     logits_ = b.alloc(rows * cfg_.vocab);
+    if (vocab_parallel_) {
+      rank_logits_ = b.alloc(rows * cfg_.vocab / tp_.size);
+      gathered_logits_ = b.alloc(rows * cfg_.vocab);
+    }
   }
   if (plan.hidden_out && cfg_.mtp_layers == 0)
     throw std::invalid_argument("this artifact has no MTP head to read hidden states (hidden_out)");
@@ -678,9 +777,23 @@ int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
     if (rows == 0) return;
     b.gather_rows(hidden_.data(), h, logit_rows, logit_inputs_.data());
     b.rms_norm(logit_inputs_.data(), rows, h, final_norm_.data(), cfg_.eps, logit_inputs_.data());
-    b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+    if (!vocab_parallel_) return b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
+    b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, rank_logits_.data());
+    gather_vocabulary(rows);
   });
   return rows;
+}
+
+void Qwen35Model::gather_vocabulary(int64_t rows) {
+  const int64_t share = cfg_.vocab / tp_.size;
+  backend_->synchronize();
+  tp_.collective->all_gather(rank_logits_.data(), rows * share, gathered_logits_.data());
+  // gathered [rank, row, share] → logits [row, rank, share]: row (r, k) is gathered row k·rows + r
+  vocab_order_.resize(static_cast<size_t>(rows * tp_.size));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < tp_.size; ++k)
+      vocab_order_[static_cast<size_t>(r * tp_.size + k)] = static_cast<int32_t>(k * rows + r);
+  backend_->gather_rows(gathered_logits_.data(), share, vocab_order_, logits_.data());
 }
 
 // MTP step (spec §4.1): u = fc([norm_e(embed(token)) | norm_h(hidden_prev)]), one full-attention
@@ -695,6 +808,7 @@ void Qwen35Model::forward_mtp(const BatchPlan& plan, const float* hidden_prev, i
 void Qwen35Model::forward_mtp_rows(const BatchPlan& plan, const float* hidden_prev, int step_index,
                                    std::span<const int32_t> rows, float* logits, float* hidden_out) {
   if (cfg_.mtp_layers == 0) throw std::runtime_error("this artifact has no MTP head");
+  if (tp_.active()) throw std::logic_error("the MTP head does not run under tensor parallelism yet");
   if (step_index < 0) throw std::invalid_argument("forward_mtp: step must be >= 0");
   if (!hidden_prev || !logits) throw std::invalid_argument("forward_mtp: null hidden_prev or logits");
   const StepLayout step = layout(plan, false);

@@ -7,6 +7,7 @@
 #include "models/model.h"
 #include "models/qwen3_5.h"
 #include "models/qwen3_5_config.h"
+#include "parallel/tensor_parallel_model.h"
 
 namespace ninfer {
 
@@ -47,6 +48,10 @@ void Model::check_sampling_rows(const BatchPlan& plan, const SamplingBatch& samp
 
 std::unique_ptr<Model> load_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options) {
   const std::string architecture = artifact.architecture();
+  if (options.tensor_parallel_size > 1 && !options.tensor_parallel) {
+    if (!is_dense_llama_family(architecture) && !is_qwen3_5_architecture(architecture)) unsupported(architecture);
+    return make_tensor_parallel_model(artifact, kv, options, load_model);
+  }
   if (is_dense_llama_family(architecture)) return make_llama_model(artifact, kv, options);
   if (is_qwen3_5_architecture(architecture)) return make_qwen3_5_model(artifact, kv, options);
   unsupported(architecture);

@@ -59,6 +59,7 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         threads=config.threads,
         device=config.device,
         random_weights_seed=_weights_seed(config.random_weights_seed),
+        tensor_parallel_size=config.tensor_parallel_size,
     )
     core.set_grammar_special_ids(tokenizer.special_token_ids())
     chat_template = None

@@ -150,3 +150,5 @@ class EngineConfig:
     # None: weights come from the artifact. An int: only its header is read and the engine
     # makes seeded random weights on the device (benchmarks of real shapes, no weight file).
     random_weights_seed: int | None = None
+    # Ranks the model is split over, Megatron-style (threads of this process on the CPU).
+    tensor_parallel_size: int = 1

@@ -90,7 +90,8 @@ void CpuBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, con
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   };
   std::vector<float> pair_weights;
-  for (int64_t e = 0; e < e_count; ++e) {
+  const int64_t first = experts.first_expert;
+  for (int64_t e = first; e < first + experts.held_experts(); ++e) {
     const int64_t begin = groups.offsets[e], n = groups.offsets[e + 1] - begin;
     if (n == 0) continue;
     need(moe_rows_, n * hidden), need(moe_gate_, n * ff), need(moe_up_, n * ff), need(moe_out_, n * hidden);
@@ -101,9 +102,9 @@ void CpuBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, con
                   static_cast<size_t>(hidden) * sizeof(float));
       pair_weights[r] = route_weights[static_cast<size_t>(t * top_k + groups.slot[begin + r])];
     }
-    const Weight gate = row_block(experts.gate_up, e * 2 * ff, ff);
-    const Weight up = row_block(experts.gate_up, e * 2 * ff + ff, ff);
-    const Weight down = row_block(experts.down, e * hidden, hidden);
+    const Weight gate = row_block(experts.gate_up, (e - first) * 2 * ff, ff);
+    const Weight up = row_block(experts.gate_up, (e - first) * 2 * ff + ff, ff);
+    const Weight down = row_block(experts.down, (e - first) * hidden, hidden);
     const MatmulOutput gate_up[] = {{&gate, nullptr, moe_gate_.data()}, {&up, nullptr, moe_up_.data()}};
     matmul_many(moe_rows_.data(), n, gate_up);
     swiglu(moe_gate_.data(), moe_up_.data(), n * ff, moe_gate_.data());

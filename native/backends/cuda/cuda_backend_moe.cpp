@@ -64,6 +64,8 @@ void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, co
                               const MoeExperts& experts, float* out) {
   const int64_t e_count = experts.num_experts, ff = experts.ff, top_k = experts.top_k;
   experts.check(hidden);
+  if (experts.held_experts() != experts.num_experts)
+    throw std::invalid_argument("CUDA moe_experts: a subset of the experts (expert parallelism) is not supported yet");
   if (experts.gate_up.dtype != DType::BF16 || experts.down.dtype != DType::BF16)
     throw std::invalid_argument("CUDA moe_experts: expert weights must be uploaded by this backend (bf16)");
   fill_zero(out, tokens * hidden);

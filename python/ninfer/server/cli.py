@@ -138,6 +138,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         **speculative_engine_fields(args),
         cuda_graphs=not args.no_cuda_graph,
         random_weights_seed=dummy_weights_seed(args),
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -181,6 +182,11 @@ async def _run(
         log.info(
             "dummy weights: seeded random values (seed %d), not a trained model",
             config.random_weights_seed,
+        )
+    if config.tensor_parallel_size > 1:
+        log.info(
+            "tensor parallel: the model split over %d ranks (threads of this process)",
+            config.tensor_parallel_size,
         )
     try:
         engine = AsyncEngine.open(str(artifact), config)

@@ -223,6 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the device from the artifact's header alone (benchmarks; serves header-only "
         "artifacts; the seed is --seed, else 0) (default: auto)",
     )
+    model.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_int_range(1, 8),
+        default=1,
+        metavar="N",
+        help="split the model over N ranks Megatron-style (heads, MLP columns, vocabulary); "
+        "ranks are threads of this process (--device cpu in this build) (default: 1)",
+    )
     engine = parser.add_argument_group("engine")
     engine.add_argument(
         "--max-context",
@@ -517,6 +526,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.vram_headroom_mib is not None and args.kv_capacity is not None:
         parser.error("--vram-headroom-mib requires --kv-capacity auto")
+    if args.tensor_parallel_size > 1 and args.device != "cpu":
+        parser.error(
+            "--tensor-parallel-size runs its ranks on the CPU in this build: add --device cpu "
+            "(ranks over NCCL on several GPUs are not built yet)"
+        )
+    if args.tensor_parallel_size > 1 and getattr(args, "prefix_cache_file", None):
+        parser.error("--prefix-cache-file cannot save a model split by --tensor-parallel-size yet")
     if args.no_prefix_reuse:
         given = [name for name in HYBRID_CACHE_OPTIONS if getattr(args, name) is not None]
         if given:
