@@ -88,8 +88,8 @@ def artifact(request, tmp_path_factory) -> Path:
     )
 
 
-def _engine(artifact: Path, tensor_parallel_size: int):
-    cfg = EngineConfig(max_context=256, threads=1, prefill_chunk=8, max_concurrency=2)
+def _engine(artifact: Path, tensor_parallel_size: int, **config):
+    cfg = EngineConfig(max_context=256, threads=1, prefill_chunk=8, max_concurrency=2, **config)
     table = Tokenizer(read_header(artifact).resource("tokenizer.json")).token_bytes()
     return _core.Engine.open(
         str(artifact),
@@ -122,6 +122,33 @@ def test_split_model_gives_the_unsplit_logits(artifact, unsplit, ranks):
     scale = np.abs(unsplit).max()
     np.testing.assert_allclose(split, unsplit, rtol=0, atol=2e-6 * scale)
     assert np.array_equal(split.argmax(-1), unsplit.argmax(-1))
+
+
+def test_speculative_rounds_over_two_ranks_roll_back_every_rank(tmp_path):
+    """N-gram rounds on a split Qwen3.5: a rejected proposal must roll the GDN state of every
+    rank back (Model::keep_prefix reaches each rank), so the output is plain greedy decoding's."""
+    path = make_random_artifact(
+        HYBRID, tmp_path / "spec.ninfer", seed=5, dtype="f32", tokenizer="synthetic"
+    )
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+    plain_engine = _engine(path, 1)
+    plain = run_one(plain_engine, PROMPT, 24, **greedy).tokens
+    plain_engine.shutdown()
+    # The oracle proposes the true continuation with every fifth token wrong.
+    oracle = [(t + 1) % 512 if i % 5 == 3 else t for i, t in enumerate(plain)]
+    engine = _engine(path, 2, ngram_draft_tokens=3)
+    try:
+        got = run_one(engine, PROMPT, 24, draft_oracle=oracle, **greedy).tokens
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert got == plain
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
+
+
+def test_mtp_with_tensor_parallel_is_refused():
+    with pytest.raises(SystemExit):
+        parse_args(["m.ninfer", "-tp", "2", "--device", "cpu", "--spec", "mtp"])
 
 
 def test_a_split_that_does_not_divide_is_refused(tmp_path):

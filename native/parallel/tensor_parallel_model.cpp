@@ -70,6 +70,10 @@ class TensorParallelModel final : public Model {
   void reset_lane(int lane) override {
     for (auto& m : models_) m->reset_lane(lane);
   }
+  // A speculative round's rollback: every rank holds its heads' share of the lane's state.
+  void keep_prefix(int lane, int32_t length) override {
+    for (auto& m : models_) m->keep_prefix(lane, length);
+  }
   bool has_recurrent_state() const override { return models_[0]->has_recurrent_state(); }
   int snapshot_slots() const override { return models_[0]->snapshot_slots(); }
   void save_snapshot(int lane, int slot) override {

@@ -531,6 +531,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "--tensor-parallel-size runs its ranks on the CPU in this build: add --device cpu "
             "(ranks over NCCL on several GPUs are not built yet)"
         )
+    if args.tensor_parallel_size > 1 and getattr(args, "spec", None) == "mtp":
+        parser.error("--spec mtp cannot run with --tensor-parallel-size yet (n-gram drafting can)")
     if args.tensor_parallel_size > 1 and getattr(args, "prefix_cache_file", None):
         parser.error("--prefix-cache-file cannot save a model split by --tensor-parallel-size yet")
     if args.no_prefix_reuse:
