@@ -128,6 +128,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_capacity=kv_capacity or 0,
         vram_headroom_mib=1024 if headroom is None else headroom,
         prefix_reuse=not no_reuse,
+        host_context_bytes=getattr(args, "host_context_bytes", None) or 0,
         prefix_cache_file=getattr(args, "prefix_cache_file", None),
         **{key: value for key, value in optional.items() if value is not None},
         cuda_graphs=not args.no_cuda_graph,
