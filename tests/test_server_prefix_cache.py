@@ -189,3 +189,50 @@ def test_prompt_cache_options_are_checked(server):
     r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "prompt_cache_options.mode"
+
+
+def test_anthropic_stream_reports_cache_reads_in_message_start(server):
+    """Through the official SDK: the second turn's message_start already carries the exact
+    cache read (admission fixed it), and the terminal usage agrees with it."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    first = client.messages.create(
+        model=MODEL,
+        max_tokens=24,
+        system=SYSTEM,
+        messages=[{"role": "user", "content": "List the files of the project, please."}],
+        extra_body={"temperature": 0},
+    )
+    assert first.usage.cache_read_input_tokens == 0
+    answer = "".join(b.text for b in first.content if b.type == "text") or "none"
+    messages = [
+        {"role": "user", "content": "List the files of the project, please."},
+        {"role": "assistant", "content": answer},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "And the second one?",
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ],
+        },
+    ]
+    start = final = None
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=8,
+        system=SYSTEM,
+        messages=messages,
+        extra_body={"temperature": 0},
+    ) as stream:
+        for event in stream:
+            if event.type == "message_start":
+                start = event.message.usage
+        final = stream.get_final_message().usage
+    assert start is not None and start.cache_read_input_tokens >= 64
+    assert start.cache_read_input_tokens % 64 == 0
+    assert final.cache_read_input_tokens == start.cache_read_input_tokens
+    assert final.input_tokens == start.input_tokens
+    assert start.cache_creation_input_tokens is None  # writes are not reported
