@@ -101,6 +101,30 @@ def test_without_a_host_tier_evicted_blocks_are_gone():
     engine.shutdown()
 
 
+def test_the_cache_file_keeps_the_host_tier_and_restores_into_it(tmp_path: Path) -> None:
+    path = tmp_path / "cache.bin"
+    engine = make_engine(kv_capacity=640, host_context_bytes=16 * TOY_PAGE)
+    a, _, _, _ = _fill(engine)
+    engine.shutdown()
+    # Device (9 blocks) and host (A's two, B's second) together: 12 distinct blocks.
+    assert engine.save_prefix_cache(str(path))["blocks"] == 12
+    # A 4-page device: the first four blocks stay there, the other eight go to the host.
+    small = make_engine(kv_capacity=256, max_context=256, host_context_bytes=16 * TOY_PAGE)
+    report = small.load_prefix_cache(str(path))
+    assert report["ok"] and report["blocks"] == 12, report
+    assert "8 blocks into the host tier" in report["message"]
+    host = small.stats(check_cache=True)["host_tier"]
+    assert (host["blocks"], host["used_bytes"]) == (8, 8 * TOY_PAGE)
+    cold_engine = make_engine(prefix_reuse=False)
+    cold = run_one(cold_engine, a + [9] * 20, 8, **GREEDY)
+    cold_engine.shutdown()
+    hit = run_one(small, a + [9] * 20, 8, **GREEDY)
+    assert hit.final.cached_tokens == 128 and hit.tokens == cold.tokens
+    assert small.stats()["host_tier"]["block_restores"] >= 1
+    _consistent(small)
+    small.shutdown()
+
+
 def test_a_budget_below_one_block_is_refused():
     with pytest.raises(Exception, match="host-context-mib"):
         make_engine(kv_capacity=640, host_context_bytes=TOY_PAGE - 1)

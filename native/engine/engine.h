@@ -203,6 +203,17 @@ class Engine {
   void install_host_tier();
   void offload_to_host(const PrefixCache::Evicted& evicted);
   void restore_from_host(const Sequence& seq, int32_t limit);
+  // What the prefix cache file holds: every block of the device tree or the host tier with
+  // its snapshot, parents first; each image is on the device (page, slot) or on the host.
+  struct SavedBlock {
+    uint64_t key = 0, parent = 0;
+    std::vector<int32_t> tokens;
+    int32_t page = -1;
+    int slot = -1;
+    const std::byte* host_page = nullptr;
+    const float* host_snapshot = nullptr;
+  };
+  std::vector<SavedBlock> saved_blocks() const;
   // After a step: publishes full blocks, takes planned and decode-endpoint snapshots.
   void cache_step(Sequence& seq);
   // The ceiling of prompt + output: max_context, or the KV pool when it is smaller.
