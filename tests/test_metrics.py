@@ -39,6 +39,16 @@ FAMILIES = (
     "ninfer_request_duration_seconds",
     "ninfer_request_queue_seconds",
     "ninfer_engine_ready",
+    "ninfer_requests_paused",
+    "ninfer_preemptions",
+    "ninfer_replay_restores",
+    "ninfer_snapshot_restores",
+    "ninfer_replayed_tokens",
+    "ninfer_host_context_used_bytes",
+    "ninfer_host_context_reserved_bytes",
+    "ninfer_host_context_capacity_bytes",
+    "ninfer_host_context_peak_bytes",
+    "ninfer_context_transfer_bytes",
 )
 
 
@@ -79,7 +89,8 @@ def test_families_identity_and_limits(server):
     for family in metrics.families.values():  # bounded labels: never a request id or text
         for sample in family.samples:
             assert set(sample.labels) <= {"model", "architecture", "weight_format", "backend",
-                                          "outcome", "le"}  # fmt: skip
+                                          "outcome", "le", "resource",
+                                          "direction"}  # fmt: skip
 
 
 def test_metrics_require_the_api_key(server):

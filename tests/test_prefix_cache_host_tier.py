@@ -199,3 +199,26 @@ def test_hybrid_host_hit_restores_blocks_and_the_state_snapshot(qwen: Path) -> N
     assert np.array_equal(_logits(hit), _logits(first))
     assert hit.tokens == first.tokens == cold.tokens
     np.testing.assert_allclose(_logits(hit), _logits(cold), atol=2e-4, rtol=0)
+
+
+def test_metrics_report_the_host_tier_and_its_transfers():
+    from ninfer.server.metrics import ServerMetrics
+
+    engine = make_engine(kv_capacity=640, host_context_bytes=16 * TOY_PAGE)
+    metrics = ServerMetrics(engine, {"model": "toy"})
+    a, _, _, _ = _fill(engine)
+    run_one(engine, a + [7] * 30, 2, **GREEDY)
+    text = metrics.exposition().decode()
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("ninfer_") and " " in line
+    }
+    assert values["ninfer_host_context_capacity_bytes"] == 16 * TOY_PAGE
+    assert 0 < values["ninfer_host_context_used_bytes"] <= values["ninfer_host_context_peak_bytes"]
+    assert values["ninfer_host_context_reserved_bytes"] == 0
+    moved = 'ninfer_context_transfer_bytes_total{direction="%s",resource="main_kv"}'
+    assert values[moved % "to_host"] >= 3 * TOY_PAGE
+    assert values[moved % "to_device"] == 2 * TOY_PAGE
+    assert values['ninfer_context_transfer_bytes_total{direction="to_host",resource="state"}'] == 0
+    engine.shutdown()

@@ -111,6 +111,8 @@ py::dict stats_dict(const EngineStats& s) {
   d["kv_capacity_tokens"] = s.kv_capacity_tokens;
   d["paused"] = s.paused;
   d["pauses"] = s.pauses;
+  d["replay_restores"] = s.replay_restores;
+  d["replayed_tokens"] = s.replayed_tokens;
   d["prefix_reuse"] = s.prefix_reuse;
   py::dict c;
   const PrefixCacheStats& k = s.cache;
@@ -144,6 +146,8 @@ py::dict stats_dict(const EngineStats& s) {
   h["image_restores"] = t.image_restores;
   h["write_bytes"] = t.write_bytes;
   h["restore_bytes"] = t.restore_bytes;
+  h["block_write_bytes"] = t.block_write_bytes;
+  h["block_restore_bytes"] = t.block_restore_bytes;
   h["block_evictions"] = t.block_evictions;
   h["snapshot_evictions"] = t.snapshot_evictions;
   h["dead_reclaims"] = t.dead_reclaims;

@@ -118,11 +118,13 @@ float* HostTier::store_snapshot(uint64_t key, uint64_t parent, std::span<const i
 void HostTier::count_write(bool snapshot, int64_t bytes) {
   ++(snapshot ? stats_.image_writes : stats_.block_writes);
   stats_.write_bytes += static_cast<uint64_t>(bytes);
+  if (!snapshot) stats_.block_write_bytes += static_cast<uint64_t>(bytes);
 }
 
 void HostTier::count_restore(bool snapshot, int64_t bytes) {
   ++(snapshot ? stats_.image_restores : stats_.block_restores);
   stats_.restore_bytes += static_cast<uint64_t>(bytes);
+  if (!snapshot) stats_.block_restore_bytes += static_cast<uint64_t>(bytes);
 }
 
 void HostTier::touch(uint64_t key) {

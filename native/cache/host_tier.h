@@ -39,7 +39,8 @@ struct HostTierStats {
   int64_t blocks = 0, snapshots = 0;                           // images held (gauges)
   uint64_t block_writes = 0, image_writes = 0;      // images written on device eviction
   uint64_t block_restores = 0, image_restores = 0;  // images copied back to the device
-  uint64_t write_bytes = 0, restore_bytes = 0;
+  uint64_t write_bytes = 0, restore_bytes = 0;  // both kinds
+  uint64_t block_write_bytes = 0, block_restore_bytes = 0;  // KV pages only
   uint64_t block_evictions = 0, snapshot_evictions = 0;  // images dropped to make room
   uint64_t dead_reclaims = 0;   // entries that became unreachable
   uint64_t rejected = 0;        // images not written: no room even after eviction

@@ -269,6 +269,8 @@ EngineStats Engine::stats(bool check_cache) const {
     s.state_slots_used = s.running;
   }
   s.requests_admitted = requests_admitted_.load();
+  s.replay_restores = replay_restores_.load();
+  s.replayed_tokens = replayed_tokens_.load();
   s.requests_finished = requests_finished_.load();
   s.tokens_prefilled = tokens_prefilled_.load();
   s.tokens_decoded = tokens_decoded_.load();
@@ -442,7 +444,11 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   for (Sequence* seq : scheduler_.admit(now)) {
     model_->reset_lane(seq->lane);
     restore_prefix(*seq);
-    if (seq->ever_admitted) continue;  // a paused request restored: no second admission
+    if (seq->ever_admitted) {  // a paused request restored: no second admission, a replay
+      replay_restores_.fetch_add(1, std::memory_order_relaxed);
+      replayed_tokens_.fetch_add(static_cast<uint64_t>(seq->prefill_left()), std::memory_order_relaxed);
+      continue;
+    }
     seq->ever_admitted = true;
     requests_admitted_.fetch_add(1, std::memory_order_relaxed);
     prompt_tokens_.fetch_add(static_cast<uint64_t>(seq->prompt_len()), std::memory_order_relaxed);

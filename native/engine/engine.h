@@ -86,6 +86,8 @@ struct EngineStats {
   int64_t kv_capacity_tokens = 0;
   int32_t paused = 0;           // requests paused for memory, waiting to be restored
   uint64_t pauses = 0;
+  uint64_t replay_restores = 0;  // paused requests re-admitted (each rebuilds by replay)
+  uint64_t replayed_tokens = 0;  // tokens those replays recompute past their cached prefix
   bool prefix_reuse = false;
   PrefixCacheStats cache;
   HostTierStats host;               // capacity_bytes 0: no host tier
@@ -263,6 +265,7 @@ class Engine {
 
   std::atomic<bool> healthy_{true};
   std::atomic<uint64_t> requests_admitted_{0}, requests_finished_{0};
+  std::atomic<uint64_t> replay_restores_{0}, replayed_tokens_{0};
   std::atomic<uint64_t> tokens_prefilled_{0}, tokens_decoded_{0}, steps_{0}, decode_rows_{0};
   std::atomic<int32_t> failures_gauge_{0};
   std::atomic<int32_t> prefilling_gauge_{0}, decode_ready_gauge_{0};

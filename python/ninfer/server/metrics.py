@@ -42,6 +42,11 @@ _TOKEN_COUNTERS = (
         "Committed output tokens, each request's first included",
     ),
     ("decode_tokens", "ninfer_decode_tokens", "Committed output tokens after each request's first"),
+    ("pauses", "ninfer_preemptions", "Requests paused under KV pool pressure"),
+    ("replay_restores", "ninfer_replay_restores", "Paused requests rebuilt by replay"),
+    ("replayed_tokens", "ninfer_replayed_tokens", "Tokens recomputed by replays"),
+    # The hybrid cache keeps no pause snapshots: every restore is a replay.
+    ("snapshot_restores", "ninfer_snapshot_restores", "Paused requests restored from a snapshot"),
 )
 
 # requests_total outcome -> the engine counters it sums.
@@ -58,6 +63,7 @@ _GAUGES = (
     ("pending", "ninfer_requests_waiting", "Requests waiting for a lane"),
     ("prefilling", "ninfer_requests_prefilling", "Resident requests still reading their prompt"),
     ("decode_ready", "ninfer_requests_decode_ready", "Resident requests ready for a decode round"),
+    ("paused", "ninfer_requests_paused", "Requests paused for memory, waiting to be restored"),
 )
 
 
@@ -141,11 +147,39 @@ class _EngineCollector:
             "Recurrent-state slots holding a request",
             stats.get("state_slots_used", 0),
         )
+        yield from self._host_context(stats)
         yield _gauge(
             "ninfer_engine_ready",
             "1 while the engine accepts work, 0 after an engine-wide failure",
             1 if _healthy(self._engine) else 0,
         )
+
+    def _host_context(self, stats: Mapping[str, Any]) -> Iterator[Metric]:
+        """The prefix cache's host tier: occupancy and the bytes moved to and from it."""
+        host = stats.get("host_tier") or {}
+        for kind, text in (
+            ("used", "Host tier bytes holding KV blocks and state snapshots"),
+            ("reserved", "Host tier bytes reserved for transfers in flight (part of used)"),
+            ("capacity", "Host tier budget (--host-context-mib)"),
+            ("peak", "Most host tier bytes used since the server started"),
+        ):
+            value = (
+                0 if kind == "reserved" else host.get(f"{kind}_bytes", 0)
+            )  # copies are synchronous
+            yield _gauge(f"ninfer_host_context_{kind}_bytes", text, value)
+        moved = CounterMetricFamily(
+            "ninfer_context_transfer_bytes",
+            "Prefix cache payload bytes copied between the device and the host tier",
+            labels=["resource", "direction"],
+        )
+        baseline = self._baseline.get("host_tier") or {}
+        since = {key: max(0, int(host.get(key, 0)) - int(baseline.get(key, 0))) for key in host}
+        kv_out, kv_in = since.get("block_write_bytes", 0), since.get("block_restore_bytes", 0)
+        moved.add_metric(["main_kv", "to_host"], kv_out)
+        moved.add_metric(["main_kv", "to_device"], kv_in)
+        moved.add_metric(["state", "to_host"], since.get("write_bytes", 0) - kv_out)
+        moved.add_metric(["state", "to_device"], since.get("restore_bytes", 0) - kv_in)
+        yield moved
 
     def _since_start(self, stats: Mapping[str, Any], key: str) -> int:
         return max(0, int(stats.get(key, 0)) - int(self._baseline.get(key, 0)))
