@@ -294,6 +294,14 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
             "--kv-capacity" if config.kv_capacity else "auto",
             "on" if config.prefix_reuse else "off",
         )
+        if config.prefix_reuse:
+            log.info(
+                "prefix cache host tier: %s",
+                f"{config.host_context_bytes / (1 << 20):g} MiB of host memory for evicted "
+                "blocks and state snapshots"
+                if config.host_context_bytes
+                else "off (--host-context-mib 0): evicted blocks are dropped",
+            )
         if capacity < config.max_context:
             log.warning(
                 "the KV pool (%d tokens) is smaller than --max-context %d: requests are "
