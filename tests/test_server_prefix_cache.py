@@ -196,10 +196,11 @@ def test_anthropic_stream_reports_cache_reads_in_message_start(server):
     cache read (admission fixed it), and the terminal usage agrees with it."""
     anthropic = pytest.importorskip("anthropic")
     client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    system = "Messages session. " + SYSTEM  # shares no block with the other tests' prompts
     first = client.messages.create(
         model=MODEL,
         max_tokens=24,
-        system=SYSTEM,
+        system=system,
         messages=[{"role": "user", "content": "List the files of the project, please."}],
         extra_body={"temperature": 0},
     )
@@ -223,7 +224,7 @@ def test_anthropic_stream_reports_cache_reads_in_message_start(server):
     with client.messages.stream(
         model=MODEL,
         max_tokens=8,
-        system=SYSTEM,
+        system=system,
         messages=messages,
         extra_body={"temperature": 0},
     ) as stream:
