@@ -237,3 +237,42 @@ def test_anthropic_stream_reports_cache_reads_in_message_start(server):
     assert final.cache_read_input_tokens == start.cache_read_input_tokens
     assert final.input_tokens == start.input_tokens
     assert start.cache_creation_input_tokens is None  # writes are not reported
+
+
+def test_prompt_cache_breakpoints_become_exact_frontiers(server):
+    from ninfer.protocols.openai_chat.lowering import lower_chat_request
+    from ninfer.protocols.openai_chat.protocol import decode_request
+
+    marked = {"type": "text", "text": SYSTEM, "prompt_cache_breakpoint": {"mode": "explicit"}}
+    question = {"type": "text", "text": "Which file holds the tests?"}
+    body = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": [marked]},
+            {"role": "user", "content": [question]},
+        ],
+    }
+    served = server.app.served
+    tokenizer = served.engine.tokenizer
+
+    def lower(fields: dict) -> object:
+        return lower_chat_request(decode_request(json.dumps(body | fields).encode()), served)
+
+    explicit = lower({"prompt_cache_options": {"mode": "explicit"}}).generation
+    frontier = explicit.cache_candidates
+    assert len(frontier) == 1
+    assert tokenizer.decode(explicit.prompt_ids[: frontier[0]]).endswith(SYSTEM)
+    # The default adds the implicit candidate (end of the latest message) after it.
+    default = lower({}).generation
+    assert default.prompt_ids == explicit.prompt_ids
+    assert default.cache_candidates[0] == frontier[0] and len(default.cache_candidates) == 2
+    # Through HTTP: accepted, and a malformed marker names its field.
+    assert _chat(server, body["messages"], max_tokens=2)
+    bad = [{"role": "user", "content": [question | {"prompt_cache_breakpoint": True}]}]
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": bad},
+        timeout=60,
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "messages[0].content[0].prompt_cache_breakpoint"

@@ -63,9 +63,9 @@ def frontiers(
     clean_render: str,
     ids: Sequence[int],
     encode: Callable[[str], list[int]],
-) -> dict[int, int]:
-    """Mark number -> prompt token count before it, for the marks at exact token boundaries;
-    empty when the marks changed the render."""
+) -> list[tuple[int, int]]:
+    """(mark number, prompt tokens before it) for the marks at exact token boundaries, in
+    prompt order; empty when the marks changed the render."""
     positions: list[tuple[int, int]] = []
     pieces, at, removed = [], 0, 0
     for match in _PATTERN.finditer(marked_render):
@@ -75,12 +75,12 @@ def frontiers(
         at = match.end()
     pieces.append(marked_render[at:])
     if "".join(pieces) != clean_render:
-        return {}
-    out: dict[int, int] = {}
+        return []
+    out: list[tuple[int, int]] = []
     for offset, n in positions:
         if offset <= 0 or offset > len(clean_render):
             continue
         before = encode(clean_render[:offset])
         if 0 < len(before) <= len(ids) and list(ids[: len(before)]) == before:
-            out[n] = len(before)
+            out.append((n, len(before)))
     return out

@@ -113,8 +113,8 @@ class RenderedPrompt:
     is_prefill: bool
     options: ResolvedOptions
     decoder: DecoderConfig
-    # Breakpoint mark number -> prompt tokens before it (exact frontiers only).
-    cache_marks: dict[int, int] = field(default_factory=dict)
+    # (breakpoint mark number, prompt tokens before it): exact frontiers only, prompt order.
+    cache_marks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def thinking_on(self) -> bool:
@@ -140,7 +140,7 @@ def render_conversation(served: ServedModel, conversation: Conversation) -> Rend
     rendered = _render(served, conversation, conversation.messages, options, literal, is_prefill)
     text = literal.restore(rendered)
     ids = literal.encode(rendered)
-    marks: dict[int, int] = {}
+    marks: list[tuple[int, int]] = []
     if conversation.cache_marks:
         try:
             marked = _render(
@@ -148,7 +148,7 @@ def render_conversation(served: ServedModel, conversation: Conversation) -> Rend
             )
         except ApiError:  # the marks broke the template: they are only hints
             marked = ""
-        marks = frontiers(marked, rendered, ids, literal.encode) if marked else {}
+        marks = frontiers(marked, rendered, ids, literal.encode) if marked else []
     return RenderedPrompt(
         text,
         ids,

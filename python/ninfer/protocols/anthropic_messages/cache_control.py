@@ -47,12 +47,12 @@ class CacheBreakpoints:
         self.marked.append(location)
         return cache_marks.mark(len(self.marked) - 1)
 
-    def candidates(self, frontiers: dict[int, int]) -> list[int]:
+    def candidates(self, frontiers: list[tuple[int, int]]) -> list[int]:
         """The breakpoints' exact token frontiers in the rendered prompt, ascending; a target
         whose boundary is not a token boundary (or not text, like a tool) is left out."""
         wanted = set(self.targets)
         return sorted(
-            {at for n, at in frontiers.items() if n < len(self.marked) and self.marked[n] in wanted}
+            {at for n, at in frontiers if n < len(self.marked) and self.marked[n] in wanted}
         )
 
     def block(self, block: dict[str, Any], location: str) -> None:
