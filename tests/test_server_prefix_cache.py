@@ -276,3 +276,32 @@ def test_prompt_cache_breakpoints_become_exact_frontiers(server):
     )
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "messages[0].content[0].prompt_cache_breakpoint"
+
+
+def test_responses_breakpoints_and_implicit_candidates(server):
+    from ninfer.protocols.openai_responses.lowering import lower_create
+    from ninfer.protocols.openai_responses.protocol import decode_create
+
+    served = server.app.served
+    tokenizer = served.engine.tokenizer
+    marked = {"type": "input_text", "text": SYSTEM, "prompt_cache_breakpoint": {"mode": "explicit"}}
+    body = {
+        "model": MODEL,
+        "store": False,
+        "input": [
+            {"role": "developer", "content": [marked]},
+            {"role": "user", "content": [{"type": "input_text", "text": "Which file?"}]},
+        ],
+    }
+
+    def lower(fields: dict) -> object:
+        request = decode_create(json.dumps(body | fields).encode())
+        return lower_create(request, served, server.app.response_store).generation
+
+    explicit = lower({"prompt_cache_options": {"mode": "explicit"}})
+    assert len(explicit.cache_candidates) == 1
+    assert tokenizer.decode(explicit.prompt_ids[: explicit.cache_candidates[0]]).endswith(SYSTEM)
+    default = lower({})
+    assert default.prompt_ids == explicit.prompt_ids and len(default.cache_candidates) == 2
+    r = httpx.post(server.base_url + "/v1/responses", json=body | {"max_output_tokens": 2})
+    assert r.status_code == 200, r.text

@@ -13,6 +13,7 @@ from typing import Any
 
 from ninfer.engine_types import GenerationRequest
 from ninfer.prompt.template_options import TemplateOptions
+from ninfer.protocols.cache_hints import cache_candidates
 from ninfer.protocols.conversation import (
     Conversation,
     PromptMessage,
@@ -143,6 +144,12 @@ def lower_create(
             served.default_thinking_budget,
             max_tokens,
             "max_output_tokens",
+        ),
+        cache_candidates=cache_candidates(
+            prompt.ids,
+            served.engine.tokenizer,
+            (request.prompt_cache_options and request.prompt_cache_options.mode) or "implicit",
+            prompt.cache_marks,
         ),
     )
     reasoning = request.reasoning
