@@ -148,6 +148,8 @@ py::dict stats_dict(const EngineStats& s) {
   h["restore_bytes"] = t.restore_bytes;
   h["block_write_bytes"] = t.block_write_bytes;
   h["block_restore_bytes"] = t.block_restore_bytes;
+  h["write_seconds"] = static_cast<double>(t.write_ns) * 1e-9;
+  h["restore_seconds"] = static_cast<double>(t.restore_ns) * 1e-9;
   h["block_evictions"] = t.block_evictions;
   h["snapshot_evictions"] = t.snapshot_evictions;
   h["dead_reclaims"] = t.dead_reclaims;

@@ -47,8 +47,11 @@ const float* HostTier::snapshot(uint64_t key) const {
 }
 
 int32_t HostTier::children(uint64_t key) const {
-  auto it = entries_.find(key);
-  return it == entries_.end() ? 0 : it->second.children;
+  if (auto it = entries_.find(key); it != entries_.end()) return it->second.children;
+  // No entry of its own yet: the device evicts leaves first, so children arrive first.
+  int32_t n = 0;
+  for (const auto& [k, e] : entries_) n += e.page && e.parent == key ? 1 : 0;
+  return n;
 }
 
 HostTier::Entry& HostTier::entry(uint64_t key, uint64_t parent, std::span<const int32_t> tokens) {

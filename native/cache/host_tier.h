@@ -41,6 +41,7 @@ struct HostTierStats {
   uint64_t block_restores = 0, image_restores = 0;  // images copied back to the device
   uint64_t write_bytes = 0, restore_bytes = 0;  // both kinds
   uint64_t block_write_bytes = 0, block_restore_bytes = 0;  // KV pages only
+  uint64_t write_ns = 0, restore_ns = 0;  // wall time of the copies (bandwidth = bytes / time)
   uint64_t block_evictions = 0, snapshot_evictions = 0;  // images dropped to make room
   uint64_t dead_reclaims = 0;   // entries that became unreachable
   uint64_t rejected = 0;        // images not written: no room even after eviction
@@ -74,6 +75,7 @@ class HostTier {
   // The caller wrote or read an image of `bytes` (counters only).
   void count_write(bool snapshot, int64_t bytes);
   void count_restore(bool snapshot, int64_t bytes);
+  void count_time(bool restore, uint64_t ns) { (restore ? stats_.restore_ns : stats_.write_ns) += ns; }
 
   // Marks `key` as recently used (a hit restored or read through it).
   void touch(uint64_t key);

@@ -8,11 +8,21 @@
 // read. A block that leaves the device without a host copy takes the host entries below it
 // with it (they can no longer be reached: `unbacked_node_losses`, `dead_reclaims`).
 #include <algorithm>
+#include <chrono>
 #include <span>
 
 #include "engine/engine.h"
 
 namespace ninfer {
+
+namespace {
+
+uint64_t since_ns(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace
 
 void Engine::install_host_tier() {
   if (!cache_ || options_.host_context_bytes <= 0) return;
@@ -26,6 +36,7 @@ void Engine::install_host_tier() {
 
 void Engine::offload_to_host(const PrefixCache::Evicted& evicted) {
   HostTier& host = *host_;
+  const auto t0 = std::chrono::steady_clock::now();
   if (evicted.slot >= 0 && host.needs_snapshots()) {
     bool fresh = false;
     if (float* image = host.store_snapshot(evicted.key, evicted.parent, evicted.tokens, &fresh); image && fresh) {
@@ -33,7 +44,10 @@ void Engine::offload_to_host(const PrefixCache::Evicted& evicted) {
       host.count_write(true, host.snapshot_bytes());
     }
   }
-  if (evicted.page < 0) return;  // only the snapshot left the device; its block stays
+  if (evicted.page < 0) {  // only the snapshot left the device; its block stays
+    host.count_time(false, since_ns(t0));
+    return;
+  }
   const bool wanted = !host.needs_snapshots() || host.snapshot(evicted.key) != nullptr || host.children(evicted.key) > 0;
   if (wanted) {
     bool fresh = false;
@@ -42,6 +56,7 @@ void Engine::offload_to_host(const PrefixCache::Evicted& evicted) {
       host.count_write(false, host.page_bytes());
     }
   }
+  host.count_time(false, since_ns(t0));
   if (!host.has_block(evicted.key)) {
     ++unbacked_node_losses_;
     host.forget_below(evicted.key);
@@ -91,6 +106,7 @@ void Engine::restore_from_host(const Sequence& seq, int32_t limit) {
   }
   if (pool_->free_pages() < wanted) best = deepest(on_device + static_cast<int32_t>(pool_->free_pages()));
   if (best > device_best) {
+    const auto t0 = std::chrono::steady_clock::now();
     uint64_t parent = on_device > 0 ? keys[static_cast<size_t>(on_device - 1)] : cache_->root_key();
     bool whole = true;
     for (int32_t b = on_device; b < best && whole; ++b) {
@@ -112,6 +128,7 @@ void Engine::restore_from_host(const Sequence& seq, int32_t limit) {
       }
     }
     host.touch(at);
+    host.count_time(true, since_ns(t0));
   }
   for (uint64_t key : keys) host.unpin(key);
   for (const auto& b : device) pool_->release(b.page);
