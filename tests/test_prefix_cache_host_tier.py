@@ -227,3 +227,29 @@ def test_metrics_report_the_host_tier_and_its_transfers():
     assert values[moved % "to_device"] == 2 * TOY_PAGE
     assert values['ninfer_context_transfer_bytes_total{direction="to_host",resource="state"}'] == 0
     engine.shutdown()
+
+
+def test_throughput_records_carry_the_hybrid_cache_object():
+    from ninfer.server.telemetry import Telemetry
+    from ninfer.server.throughput import ThroughputReporter
+
+    class Log:
+        def __init__(self) -> None:
+            self.records: list[dict] = []
+
+        def write(self, record: dict) -> None:
+            self.records.append(record)
+
+    engine = make_engine(kv_capacity=640, host_context_bytes=16 * TOY_PAGE)
+    reporter = ThroughputReporter(engine, Telemetry(request_log=Log()), 5000)
+    a, _, _, _ = _fill(engine)
+    run_one(engine, a + [7] * 30, 2, **GREEDY)
+    record = reporter.report()
+    engine.shutdown()
+    hybrid = record["context_cache"]["hybrid"]
+    assert hybrid["host_block_writes"] >= 3 and hybrid["host_block_restores"] == 2
+    assert hybrid["host_restore_bytes"] == 2 * TOY_PAGE
+    assert hybrid["host_capacity_bytes"] == 16 * TOY_PAGE
+    assert hybrid["tree_blocks"] >= hybrid["device_blocks"] > 0
+    assert hybrid["evicted_blocks"] >= 3 and hybrid["reused_tokens"] >= 128
+    assert record["scheduling"] == {"preemptions": 0, "replay_restores": 0, "replayed_tokens": 0}

@@ -155,6 +155,7 @@ py::dict stats_dict(const EngineStats& s) {
   h["dead_reclaims"] = t.dead_reclaims;
   h["rejected"] = t.rejected;
   h["unbacked_node_losses"] = s.unbacked_node_losses;
+  h["tree_blocks"] = s.tree_blocks;
   d["host_tier"] = h;
   d["cache_problem"] = s.cache_problem;
   d["state_slots_total"] = s.state_slots_total;

@@ -95,6 +95,13 @@ class HostTier {
     const float* snapshot = nullptr;
   };
   std::vector<Record> records() const;
+  // Block images whose key `present` does not report (those only the host holds).
+  template <typename Present>
+  int64_t blocks_not(Present present) const {
+    int64_t n = 0;
+    for (const auto& [key, e] : entries_) n += e.page && !present(key) ? 1 : 0;
+    return n;
+  }
 
   HostTierStats stats() const;
   // "" when the accounting and eviction order are consistent.

@@ -82,6 +82,7 @@ class PrefixCache {
   // with the tree's (the sequence's reference moves to it).
   void publish(std::span<const int32_t> tokens, int32_t computed, std::vector<int32_t>& pages, BlockChain& chain);
 
+  bool contains(uint64_t key) const { return nodes_.count(key) != 0; }
   // Snapshots, keyed by the block whose end they are the state at.
   bool has_snapshot(uint64_t key) const;
   bool has_free_slot() const { return !free_slots_.empty(); }

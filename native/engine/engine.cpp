@@ -256,6 +256,7 @@ EngineStats Engine::stats(bool check_cache) const {
     if (cache_) {
       s.cache = cache_->stats();
       if (host_) s.host = host_->stats();
+      s.tree_blocks = s.cache.blocks + (host_ ? host_->blocks_not([this](uint64_t k) { return cache_->contains(k); }) : 0);
       // Without a host tier every device eviction loses its block.
       s.unbacked_node_losses = host_ ? unbacked_node_losses_ : s.cache.evicted_blocks;
       s.kv_pages_cached = s.cache.blocks;

@@ -92,6 +92,7 @@ struct EngineStats {
   PrefixCacheStats cache;
   HostTierStats host;               // capacity_bytes 0: no host tier
   uint64_t unbacked_node_losses = 0;  // device evictions of blocks with no host copy
+  int64_t tree_blocks = 0;            // blocks on the device or only on the host (gauge)
   std::string cache_problem;    // stats(true): "" while the cache's invariants hold
   // Recurrent-state slots (hybrid models: one per lane; none for pure-attention models).
   int32_t state_slots_total = 0;
