@@ -215,3 +215,37 @@ def test_claude_code_request_on_the_real_tokenizer(server):
         server.base_url + "/v1/messages/count_tokens", json=body, headers=fixture["headers"]
     ).json()["input_tokens"]
     assert start["usage"]["input_tokens"] == counted
+
+
+def test_cache_control_blocks_become_exact_token_frontiers(server):
+    """Claude Code's recorded request marks two System blocks and a tool result: each becomes
+    a write candidate at the exact token frontier where its text ends, and the prompt is the
+    one the request renders without markers."""
+    from ninfer.protocols.anthropic_messages.lowering import lower_messages_request
+    from ninfer.protocols.anthropic_messages.protocol import decode_request
+
+    fixture = json.loads((FIXTURES / "claude-code-turn3-write-bash.json").read_text())
+    body = fixture["body"]
+    served = server.app.served
+    lowered = lower_messages_request(decode_request(json.dumps(body).encode()), served)
+    ids = lowered.generation.prompt_ids
+    candidates = lowered.generation.cache_candidates
+    assert len(candidates) == 3 and candidates == sorted(candidates)
+    tokenizer = served.engine.tokenizer
+    text_before = [tokenizer.decode(ids[:c]) for c in candidates]
+    assert text_before[0].endswith("You are an agent for software tasks.")
+    assert text_before[1].endswith("requested change, verify it, then stop.")
+    assert "<|im_start|>user" in text_before[2]  # the tool result, late in the history
+    assert "\uffff" not in tokenizer.decode(ids)  # no marker reached the prompt
+    # The same request without any cache_control renders the same prompt.
+    plain = json.loads(json.dumps(body).replace('"cache_control"', '"_unused_cache"'))
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "_unused_cache"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    again = lower_messages_request(decode_request(json.dumps(strip(plain)).encode()), served)
+    assert again.generation.prompt_ids == ids and again.generation.cache_candidates == []

@@ -53,6 +53,11 @@ FAMILIES = (
     "ninfer_constraint_prepare_seconds",
     "ninfer_constraint_mask_seconds",
     "ninfer_constraint_matcher_seconds",
+    "ninfer_host_context_used_bytes",
+    "ninfer_host_context_reserved_bytes",
+    "ninfer_host_context_capacity_bytes",
+    "ninfer_host_context_peak_bytes",
+    "ninfer_context_transfer_bytes",
 )
 
 
@@ -93,7 +98,8 @@ def test_families_identity_and_limits(server):
     for family in metrics.families.values():  # bounded labels: never a request id or text
         for sample in family.samples:
             assert set(sample.labels) <= {"model", "architecture", "weight_format", "backend",
-                                          "outcome", "result", "le"}  # fmt: skip
+                                          "outcome", "result", "le", "resource",
+                                          "direction"}  # fmt: skip
 
 
 def test_metrics_require_the_api_key(server):

@@ -144,15 +144,19 @@ def _contended_run(**options):
 def test_pause_and_replay_under_a_tiny_pool_match_an_uncontended_run():
     # Four requests that each grow to ~5 pages share a pool of 10 (640 tokens): the younger
     # ones are paused and replayed, never resampled, and nothing leaks.
-    for reuse in (True, False):
+    # The third run also has a host tier (16 pages): replays may read blocks back from it.
+    for reuse, host in ((True, 0), (False, 0), (True, 16 * 512)):
         # The requests are submitted one by one: on a busy machine the worker can run the
         # first ones far enough before the last arrives that nothing has to pause, so the
         # run is repeated (a few times at most) until the pause path was taken.
         for _ in range(5):
-            requests, outcomes, stats = _contended_run(kv_capacity=640, prefix_reuse=reuse)
+            requests, outcomes, stats = _contended_run(
+                kv_capacity=640, prefix_reuse=reuse, host_context_bytes=host
+            )
             if stats["pauses"] > 0:
                 break
         assert stats["pauses"] > 0
+        assert stats["replay_restores"] > 0 and stats["replayed_tokens"] > 0
         alone = make_engine(max_context=512)
         for i, ((prompt, n, kw), got) in enumerate(zip(requests, outcomes, strict=True)):
             want = run_one(

@@ -123,3 +123,27 @@ def test_cache_file_round_trip_on_the_device(artifact: Path, tmp_path: Path) -> 
     assert hit.tokens == cold.tokens
     want = _logits(cold)
     assert np.abs(_logits(hit) - want).max() <= 0.03 * float(np.abs(want).max()) + 1e-3
+
+
+def test_host_tier_hit_matches_a_cold_prefill(artifact: Path) -> None:
+    # A 512-token device pool: the 450-token prompt pushes the first one off the device, its
+    # blocks (and, on the hybrid, its state snapshot) go to the host tier and come back.
+    prompt, other = _prompt(30, 150), _prompt(31, 450)
+    cold_engine = _engine(artifact, prefix_reuse=False)
+    cold = run_one(cold_engine, prompt, 6, **GREEDY)
+    cold_engine.shutdown()
+    engine = _engine(
+        artifact, max_concurrency=1, kv_capacity=512, max_context=512, host_context_bytes=64 << 20
+    )
+    run_one(engine, prompt, 6, **GREEDY)
+    run_one(engine, other, 6, temperature=0.0, ignore_eos=True)
+    hit = run_one(engine, prompt, 6, **GREEDY)
+    stats = engine.stats(check_cache=True)
+    engine.shutdown()
+    assert hit.final.cached_tokens == 128
+    assert stats["host_tier"]["block_restores"] >= 1
+    want, got = _logits(cold), _logits(hit)
+    scale = float(np.abs(want).max())
+    assert np.abs(got - want).max() <= 0.03 * scale + 1e-3
+    assert np.array_equal(got.argmax(-1), want.argmax(-1))
+    assert stats["cache_problem"] == "" and stats["kv_pages_free"] == stats["kv_pages_total"]

@@ -213,11 +213,18 @@ def test_cli_memory_and_cache_options(capsys) -> None:
         ("--no-prefix-reuse", "--cache-tap-min-gap", "64"): "--no-prefix-reuse",
         ("--use-original-prefix-caching",): "hybrid prefix cache",
         ("--device-state-slots", "4"): "original prefix cache",
-        ("--host-context-mib", "8192"): "host tier",
+        ("--host-context-mib", "-1"): "positive number of MiB",
+        ("--host-context-mib", "lots"): "number of MiB",
+        ("--host-context-mib", "0.0000001"): "whole number of bytes",
+        ("--host-context-mib", "0", "--prefix-cache-file", "x.cache"): "needs a host tier",
         ("--device-snapshot-slots", "65"): "out of range",
     }
     for argv, words in refused.items():
         with pytest.raises(SystemExit):
             parse_args(list(argv))
         assert words in capsys.readouterr().err, argv
-    assert parse_args(["--host-context-mib", "0"]).host_context_mib == 0
+    assert parse_args(["--host-context-mib", "0"]).host_context_bytes == 0
+    assert parse_args(["--host-context-mib", "0.5"]).host_context_bytes == 1 << 19
+    # The spec's default, and none without prefix reuse (nothing is retained).
+    assert engine_config(parse_args([])).host_context_bytes == 8192 << 20
+    assert engine_config(parse_args(["--no-prefix-reuse"])).host_context_bytes == 0

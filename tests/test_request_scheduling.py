@@ -51,7 +51,7 @@ def test_pauses_publish_their_boundaries_and_counters():
             break
     assert stats["pauses"] > 0
     assert stats["replay_restores"] == stats["pauses"]  # every paused request came back
-    assert stats["tokens_replayed"] > 0 and stats["replaying"] == 0 and stats["paused"] == 0
+    assert stats["replayed_tokens"] > 0 and stats["replaying"] == 0 and stats["paused"] == 0
     total_preemptions = total_replayed = 0
     for outcome in outcomes.values():
         final = outcome.final
@@ -89,7 +89,7 @@ def test_pauses_publish_their_boundaries_and_counters():
             == (final.scheduling["replayed_tokens"])
         )
     assert total_preemptions == stats["pauses"]
-    assert total_replayed == stats["tokens_replayed"]
+    assert total_replayed == stats["replayed_tokens"]
 
 
 def test_request_log_records_the_boundaries_and_a_terminal_one(tmp_path):

@@ -189,3 +189,119 @@ def test_prompt_cache_options_are_checked(server):
     r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "prompt_cache_options.mode"
+
+
+def test_anthropic_stream_reports_cache_reads_in_message_start(server):
+    """Through the official SDK: the second turn's message_start already carries the exact
+    cache read (admission fixed it), and the terminal usage agrees with it."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    system = "Messages session. " + SYSTEM  # shares no block with the other tests' prompts
+    first = client.messages.create(
+        model=MODEL,
+        max_tokens=24,
+        system=system,
+        messages=[{"role": "user", "content": "List the files of the project, please."}],
+        extra_body={"temperature": 0},
+    )
+    assert first.usage.cache_read_input_tokens == 0
+    answer = "".join(b.text for b in first.content if b.type == "text") or "none"
+    messages = [
+        {"role": "user", "content": "List the files of the project, please."},
+        {"role": "assistant", "content": answer},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "And the second one?",
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ],
+        },
+    ]
+    start = final = None
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=8,
+        system=system,
+        messages=messages,
+        extra_body={"temperature": 0},
+    ) as stream:
+        for event in stream:
+            if event.type == "message_start":
+                start = event.message.usage
+        final = stream.get_final_message().usage
+    assert start is not None and start.cache_read_input_tokens >= 64
+    assert start.cache_read_input_tokens % 64 == 0
+    assert final.cache_read_input_tokens == start.cache_read_input_tokens
+    assert final.input_tokens == start.input_tokens
+    assert start.cache_creation_input_tokens is None  # writes are not reported
+
+
+def test_prompt_cache_breakpoints_become_exact_frontiers(server):
+    from ninfer.protocols.openai_chat.lowering import lower_chat_request
+    from ninfer.protocols.openai_chat.protocol import decode_request
+
+    marked = {"type": "text", "text": SYSTEM, "prompt_cache_breakpoint": {"mode": "explicit"}}
+    question = {"type": "text", "text": "Which file holds the tests?"}
+    body = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": [marked]},
+            {"role": "user", "content": [question]},
+        ],
+    }
+    served = server.app.served
+    tokenizer = served.engine.tokenizer
+
+    def lower(fields: dict) -> object:
+        return lower_chat_request(decode_request(json.dumps(body | fields).encode()), served)
+
+    explicit = lower({"prompt_cache_options": {"mode": "explicit"}}).generation
+    frontier = explicit.cache_candidates
+    assert len(frontier) == 1
+    assert tokenizer.decode(explicit.prompt_ids[: frontier[0]]).endswith(SYSTEM)
+    # The default adds the implicit candidate (end of the latest message) after it.
+    default = lower({}).generation
+    assert default.prompt_ids == explicit.prompt_ids
+    assert default.cache_candidates[0] == frontier[0] and len(default.cache_candidates) == 2
+    # Through HTTP: accepted, and a malformed marker names its field.
+    assert _chat(server, body["messages"], max_tokens=2)
+    bad = [{"role": "user", "content": [question | {"prompt_cache_breakpoint": True}]}]
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": bad},
+        timeout=60,
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "messages[0].content[0].prompt_cache_breakpoint"
+
+
+def test_responses_breakpoints_and_implicit_candidates(server):
+    from ninfer.protocols.openai_responses.lowering import lower_create
+    from ninfer.protocols.openai_responses.protocol import decode_create
+
+    served = server.app.served
+    tokenizer = served.engine.tokenizer
+    marked = {"type": "input_text", "text": SYSTEM, "prompt_cache_breakpoint": {"mode": "explicit"}}
+    body = {
+        "model": MODEL,
+        "store": False,
+        "input": [
+            {"role": "developer", "content": [marked]},
+            {"role": "user", "content": [{"type": "input_text", "text": "Which file?"}]},
+        ],
+    }
+
+    def lower(fields: dict) -> object:
+        request = decode_create(json.dumps(body | fields).encode())
+        return lower_create(request, served, server.app.response_store).generation
+
+    explicit = lower({"prompt_cache_options": {"mode": "explicit"}})
+    assert len(explicit.cache_candidates) == 1
+    assert tokenizer.decode(explicit.prompt_ids[: explicit.cache_candidates[0]]).endswith(SYSTEM)
+    default = lower({})
+    assert default.prompt_ids == explicit.prompt_ids and len(default.cache_candidates) == 2
+    r = httpx.post(server.base_url + "/v1/responses", json=body | {"max_output_tokens": 2})
+    assert r.status_code == 200, r.text

@@ -113,6 +113,8 @@ py::dict stats_dict(const EngineStats& s) {
   d["kv_capacity_tokens"] = s.kv_capacity_tokens;
   d["paused"] = s.paused;
   d["pauses"] = s.pauses;
+  d["replay_restores"] = s.replay_restores;
+  d["replayed_tokens"] = s.replayed_tokens;
   d["prefix_reuse"] = s.prefix_reuse;
   py::dict c;
   const PrefixCacheStats& k = s.cache;
@@ -133,6 +135,30 @@ py::dict stats_dict(const EngineStats& s) {
   c["taps_skipped"] = k.taps_skipped;
   c["endpoints_created"] = k.endpoints_created;
   d["prefix_cache"] = c;
+  py::dict h;
+  const HostTierStats& t = s.host;
+  h["capacity_bytes"] = t.capacity_bytes;
+  h["used_bytes"] = t.used_bytes;
+  h["peak_bytes"] = t.peak_bytes;
+  h["blocks"] = t.blocks;
+  h["snapshots"] = t.snapshots;
+  h["block_writes"] = t.block_writes;
+  h["image_writes"] = t.image_writes;
+  h["block_restores"] = t.block_restores;
+  h["image_restores"] = t.image_restores;
+  h["write_bytes"] = t.write_bytes;
+  h["restore_bytes"] = t.restore_bytes;
+  h["block_write_bytes"] = t.block_write_bytes;
+  h["block_restore_bytes"] = t.block_restore_bytes;
+  h["write_seconds"] = static_cast<double>(t.write_ns) * 1e-9;
+  h["restore_seconds"] = static_cast<double>(t.restore_ns) * 1e-9;
+  h["block_evictions"] = t.block_evictions;
+  h["snapshot_evictions"] = t.snapshot_evictions;
+  h["dead_reclaims"] = t.dead_reclaims;
+  h["rejected"] = t.rejected;
+  h["unbacked_node_losses"] = s.unbacked_node_losses;
+  h["tree_blocks"] = s.tree_blocks;
+  d["host_tier"] = h;
   d["cache_problem"] = s.cache_problem;
   d["state_slots_total"] = s.state_slots_total;
   d["state_slots_used"] = s.state_slots_used;
@@ -165,8 +191,6 @@ py::dict stats_dict(const EngineStats& s) {
   d["spec_ngram_draft_tokens"] = s.spec_ngram_draft_tokens;
   d["spec_ngram_accepted_tokens"] = s.spec_ngram_accepted_tokens;
   d["spec_fallback_steps"] = s.spec_fallback_steps;
-  d["replay_restores"] = s.replay_restores;
-  d["tokens_replayed"] = s.tokens_replayed;
   d["replaying"] = s.replaying;
   return d;
 }
@@ -188,8 +212,10 @@ EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t pre
                            int64_t pending_timeout_ms, std::vector<int32_t> eos_ids, bool device_sampling,
                            int64_t kv_capacity, int64_t vram_headroom_mib, bool prefix_reuse, int32_t snapshot_slots,
                            int32_t taps_per_request, int32_t tap_ladder, int32_t tap_min_gap,
-                           int32_t mtp_draft_tokens, int32_t ngram_draft_tokens, int32_t ngram_min_match) {
+                           int32_t mtp_draft_tokens, int32_t ngram_draft_tokens, int32_t ngram_min_match,
+                           int64_t host_context_bytes) {
   EngineOptions o;
+  o.host_context_bytes = host_context_bytes;
   o.kv_capacity = kv_capacity;
   o.vram_headroom_mib = vram_headroom_mib;
   o.prefix_reuse = prefix_reuse;
@@ -327,8 +353,9 @@ void bind_engine_class(py::module_& m) {
            py::arg("kv_capacity") = 0, py::arg("vram_headroom_mib") = 1024, py::arg("prefix_reuse") = true,
            py::arg("snapshot_slots") = 0, py::arg("taps_per_request") = -1, py::arg("tap_ladder") = 0,
            py::arg("tap_min_gap") = 0, py::arg("mtp_draft_tokens") = 0, py::arg("ngram_draft_tokens") = 0,
-           py::arg("ngram_min_match") = 12)
+           py::arg("ngram_min_match") = 12, py::arg("host_context_bytes") = 0)
       .def_readwrite("kv_capacity", &EngineOptions::kv_capacity)
+      .def_readwrite("host_context_bytes", &EngineOptions::host_context_bytes)
       .def_readwrite("vram_headroom_mib", &EngineOptions::vram_headroom_mib)
       .def_readwrite("prefix_reuse", &EngineOptions::prefix_reuse)
       .def_readwrite("snapshot_slots", &EngineOptions::snapshot_slots)

@@ -58,6 +58,22 @@ std::pair<int32_t, uint64_t> PrefixCache::walk(std::span<const int32_t> tokens, 
   return {blocks, 0};
 }
 
+std::vector<PrefixCache::PathBlock> PrefixCache::path(std::span<const int32_t> tokens, int32_t limit) const {
+  const int32_t max_blocks = std::min<int64_t>(limit, static_cast<int64_t>(tokens.size())) / kPageTokens;
+  std::vector<PathBlock> out;
+  uint64_t key = identity_;
+  for (int32_t b = 0; b < max_blocks; ++b) {
+    const auto block = tokens.subspan(static_cast<size_t>(b) * kPageTokens, kPageTokens);
+    const uint64_t next = chain_key(key, block);
+    auto it = nodes_.find(next);
+    if (it == nodes_.end() || it->second.parent != key || !std::equal(block.begin(), block.end(), it->second.tokens.begin()))
+      break;
+    out.push_back({next, it->second.page, it->second.slot});
+    key = next;
+  }
+  return out;
+}
+
 int32_t PrefixCache::probe(std::span<const int32_t> tokens, int32_t limit) const {
   return walk(tokens, limit).first * kPageTokens;
 }
@@ -156,7 +172,9 @@ int PrefixCache::acquire_slot() {
   if (free_slots_.empty()) {
     if (snapshot_lru_.empty()) return -1;
     const uint64_t victim = snapshot_lru_.begin()->second;
-    free_snapshot(victim, nodes_.at(victim));
+    Node& node = nodes_.at(victim);
+    if (sink_) sink_({victim, node.parent, node.tokens, -1, node.slot});
+    free_snapshot(victim, node);
     ++stats_.snapshots_evicted;
   }
   const int slot = free_slots_.back();
@@ -200,6 +218,7 @@ bool PrefixCache::evict_one() {
     const uint64_t key = std::get<2>(*it);
     Node& node = nodes_.at(key);
     if (pool_.refs(node.page) != 1) continue;  // a running sequence maps it
+    if (sink_) sink_({key, node.parent, node.tokens, node.page, node.slot});
     if (node.slot >= 0) free_snapshot(key, node);
     leaf_erase(key, node);
     pool_.release(node.page);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <span>
 #include <string>
@@ -81,6 +82,7 @@ class PrefixCache {
   // with the tree's (the sequence's reference moves to it).
   void publish(std::span<const int32_t> tokens, int32_t computed, std::vector<int32_t>& pages, BlockChain& chain);
 
+  bool contains(uint64_t key) const { return nodes_.count(key) != 0; }
   // Snapshots, keyed by the block whose end they are the state at.
   bool has_snapshot(uint64_t key) const;
   bool has_free_slot() const { return !free_slots_.empty(); }
@@ -110,6 +112,27 @@ class PrefixCache {
   // the parent is unknown or the block exists already (the page is then released).
   uint64_t adopt(uint64_t parent, std::span<const int32_t> tokens, int32_t page);
 
+  // The chain key of `block` after the block keyed `parent` (root_key() for a first block).
+  uint64_t chain_key(uint64_t parent, std::span<const int32_t> block) const;
+  // The present blocks of tokens[0, limit) from the root, whether or not a snapshot ends them.
+  struct PathBlock {
+    uint64_t key = 0;
+    int32_t page = -1;
+    int slot = -1;
+  };
+  std::vector<PathBlock> path(std::span<const int32_t> tokens, int32_t limit) const;
+
+  // Shown what eviction removes, before its page or slot is reused: a block (page >= 0, its
+  // snapshot slot or -1) or only a snapshot (page < 0, the block stays). The host tier copies
+  // from here.
+  struct Evicted {
+    uint64_t key = 0, parent = 0;
+    std::span<const int32_t> tokens;
+    int32_t page = -1;
+    int slot = -1;
+  };
+  void set_eviction_sink(std::function<void(const Evicted&)> sink) { sink_ = std::move(sink); }
+
   PrefixCacheStats stats() const;
   // The engine's snapshot outcomes (a tap or decode endpoint taken, or skipped for lack of a slot).
   void count_snapshot(bool endpoint, bool created) {
@@ -131,7 +154,6 @@ class PrefixCache {
   };
   using LeafKey = std::tuple<int, uint64_t, uint64_t>;  // (has snapshot, tick, key)
 
-  uint64_t chain_key(uint64_t parent, std::span<const int32_t> block) const;
   // The deepest reusable prefix: (blocks, snapshot node key or 0).
   std::pair<int32_t, uint64_t> walk(std::span<const int32_t> tokens, int32_t limit) const;
   void touch(uint64_t key, Node& node);
@@ -149,6 +171,7 @@ class PrefixCache {
   int total_slots_ = 0;
   uint64_t clock_ = 0;
   PrefixCacheStats stats_;
+  std::function<void(const Evicted&)> sink_;
 };
 
 }  // namespace ninfer

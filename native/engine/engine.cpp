@@ -54,9 +54,10 @@ int64_t kv_pages_for(const EngineOptions& options) {
 }
 
 EngineOptions resolve_cache_defaults(EngineOptions o) {
-  // Without a host tier (not built yet) the spec's smaller defaults apply.
-  if (o.snapshot_slots <= 0) o.snapshot_slots = o.max_concurrency + 3;
-  if (o.taps_per_request < 0) o.taps_per_request = 2;
+  // Without a host tier every snapshot lives in a device slot only: fewer taps, more slots.
+  const bool host_tier = o.host_context_bytes > 0 && o.prefix_reuse;
+  if (o.snapshot_slots <= 0) o.snapshot_slots = o.max_concurrency + (host_tier ? 1 : 3);
+  if (o.taps_per_request < 0) o.taps_per_request = host_tier ? 8 : 2;
   if (o.tap_ladder <= 0) o.tap_ladder = std::max(4096, 2 * o.prefill_chunk);
   if (o.tap_min_gap <= 0) o.tap_min_gap = std::max(1024, o.prefill_chunk);
   return o;
@@ -119,6 +120,7 @@ Engine::Engine(std::unique_ptr<KvPool> pool, std::unique_ptr<Model> model, Engin
     hidden_.resize(static_cast<size_t>(tokens * model_->info().hidden_size));
   }
   logits_.resize(static_cast<size_t>(options_.max_concurrency * (1 + options_.spec.max_drafts()) * vocab_size_));
+  install_host_tier();
   worker_ = std::thread([this] { run(); });
 }
 
@@ -265,8 +267,13 @@ EngineStats Engine::stats(bool check_cache) const {
     s.prefix_reuse = cache_ != nullptr;
     if (cache_) {
       s.cache = cache_->stats();
+      if (host_) s.host = host_->stats();
+      s.tree_blocks = s.cache.blocks + (host_ ? host_->blocks_not([this](uint64_t k) { return cache_->contains(k); }) : 0);
+      // Without a host tier every device eviction loses its block.
+      s.unbacked_node_losses = host_ ? unbacked_node_losses_ : s.cache.evicted_blocks;
       s.kv_pages_cached = s.cache.blocks;
       if (check_cache) s.cache_problem = cache_->check();
+      if (check_cache && host_ && s.cache_problem.empty()) s.cache_problem = host_->check();
     }
   }
   const ModelInfo& info = model_->info();
@@ -275,6 +282,8 @@ EngineStats Engine::stats(bool check_cache) const {
     s.state_slots_used = s.running;
   }
   s.requests_admitted = requests_admitted_.load();
+  s.replay_restores = replay_restores_.load();
+  s.replayed_tokens = tokens_replayed_.load();
   s.requests_finished = requests_finished_.load();
   s.tokens_prefilled = tokens_prefilled_.load();
   s.tokens_decoded = tokens_decoded_.load();
@@ -303,8 +312,6 @@ EngineStats Engine::stats(bool check_cache) const {
   s.spec_ngram_draft_tokens = spec_ngram_draft_tokens_.load();
   s.spec_ngram_accepted_tokens = spec_ngram_accepted_tokens_.load();
   s.spec_fallback_steps = spec_fallback_steps_.load();
-  s.replay_restores = replay_restores_.load();
-  s.tokens_replayed = tokens_replayed_.load();
   s.replaying = replaying_gauge_.load();
   return s;
 }
@@ -795,6 +802,7 @@ void Engine::restore_prefix(Sequence& seq) {
   seq.chain = {};
   if (cache_) {
     // At least one token is forwarded, so the last one's logits (or a replay's state) exist.
+    if (host_) restore_from_host(seq, seq.prefill_target() - 1);
     PrefixCache::Hit hit = cache_->lookup(seq.history, seq.prefill_target() - 1);
     if (hit.tokens > 0) {
       seq.pages = std::move(hit.pages);

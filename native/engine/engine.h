@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/host_tier.h"
 #include "cache/kv_pool.h"
 #include "cache/prefix_cache.h"
 #include "common/thread_pool.h"
@@ -63,9 +64,12 @@ struct EngineOptions {
   int64_t kv_capacity = 0;
   int64_t vram_headroom_mib = 1024;  // auto: memory left free after sizing the pool
   bool prefix_reuse = true;          // reuse cached prefixes across requests
+  // Host tier of the prefix cache (engine/engine_host_tier.cpp): bytes of host memory that
+  // blocks and snapshots evicted from the device share; 0 keeps the cache on the device.
+  int64_t host_context_bytes = 0;
   // Hybrid models (recurrent state): snapshot slots and prefill taps; 0 / -1 = the defaults.
-  int32_t snapshot_slots = 0;        // default max_concurrency + 3 (no host tier)
-  int32_t taps_per_request = -1;     // default 2 (no host tier); 0 = only decode endpoints
+  int32_t snapshot_slots = 0;        // default max_concurrency + 1 (+ 2 without a host tier)
+  int32_t taps_per_request = -1;     // default 8 (2 without a host tier); 0 = only endpoints
   int32_t tap_ladder = 0;            // default max(4096, 2 * prefill_chunk)
   int32_t tap_min_gap = 0;           // default max(1024, prefill_chunk)
 };
@@ -102,8 +106,13 @@ struct EngineStats {
   int64_t kv_capacity_tokens = 0;
   int32_t paused = 0;           // requests paused for memory, waiting to be restored
   uint64_t pauses = 0;
+  uint64_t replay_restores = 0;  // paused requests re-admitted (each rebuilds by replay)
+  uint64_t replayed_tokens = 0;  // tokens those replays recompute past their cached prefix
   bool prefix_reuse = false;
   PrefixCacheStats cache;
+  HostTierStats host;               // capacity_bytes 0: no host tier
+  uint64_t unbacked_node_losses = 0;  // device evictions of blocks with no host copy
+  int64_t tree_blocks = 0;            // blocks on the device or only on the host (gauge)
   std::string cache_problem;    // stats(true): "" while the cache's invariants hold
   // Recurrent-state slots (hybrid models: one per lane; none for pure-attention models).
   int32_t state_slots_total = 0;
@@ -141,12 +150,7 @@ struct EngineStats {
   uint64_t spec_ngram_draft_tokens = 0;
   uint64_t spec_ngram_accepted_tokens = 0;
   uint64_t spec_fallback_steps = 0;  // decode rows of a speculating engine with nothing to verify
-  // Pause recovery: paused requests brought back (every restore replays: no pause snapshots),
-  // the prompt/output tokens those replays recomputed (also in tokens_prefilled), and the
-  // resident requests replaying now.
-  uint64_t replay_restores = 0;
-  uint64_t tokens_replayed = 0;
-  int32_t replaying = 0;
+  int32_t replaying = 0;  // resident requests rebuilding their state by replay after a pause
 };
 
 // What a prefix cache file save or load did.
@@ -243,6 +247,24 @@ class Engine {
   // model) and, at its first admission, its prefill taps.
   void restore_prefix(Sequence& seq);
   void plan_taps(Sequence& seq) const;
+  // The host tier (engine/engine_host_tier.cpp). install: at construction, when enabled.
+  // offload: the cache's eviction sink, copying what is worth keeping into the tier. restore:
+  // before a lookup, copies the host part of the sequence's deepest usable prefix back into
+  // fresh pages and a snapshot slot, so the lookup that follows finds it on the device.
+  void install_host_tier();
+  void offload_to_host(const PrefixCache::Evicted& evicted);
+  void restore_from_host(const Sequence& seq, int32_t limit);
+  // What the prefix cache file holds: every block of the device tree or the host tier with
+  // its snapshot, parents first; each image is on the device (page, slot) or on the host.
+  struct SavedBlock {
+    uint64_t key = 0, parent = 0;
+    std::vector<int32_t> tokens;
+    int32_t page = -1;
+    int slot = -1;
+    const std::byte* host_page = nullptr;
+    const float* host_snapshot = nullptr;
+  };
+  std::vector<SavedBlock> saved_blocks() const;
   // After a step: publishes full blocks, takes planned and decode-endpoint snapshots.
   void cache_step(Sequence& seq);
   // The ceiling of prompt + output: max_context, or the KV pool when it is smaller.
@@ -271,6 +293,8 @@ class Engine {
   const std::vector<std::string> token_bytes_;
   const int64_t vocab_size_;
   std::unique_ptr<PrefixCache> cache_;  // null with prefix reuse off
+  std::unique_ptr<HostTier> host_;      // null without a host tier (or without cache_)
+  uint64_t unbacked_node_losses_ = 0;   // mu_ held
 
   mutable std::mutex mu_;  // guards scheduler_, live_, pool_ bookkeeping, stopping_
   std::condition_variable wake_;

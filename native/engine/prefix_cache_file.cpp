@@ -76,6 +76,45 @@ bool read_record(std::istream& in, RecordHead& head, std::vector<std::byte>& pag
 
 }  // namespace
 
+std::vector<Engine::SavedBlock> Engine::saved_blocks() const {
+  // The device tree and the host tier together, parents first from the root.
+  std::unordered_map<uint64_t, SavedBlock> all;
+  for (const auto& b : cache_->export_blocks()) all[b.key] = {b.key, b.parent, b.tokens, b.page, b.slot};
+  if (host_) {
+    for (const auto& r : host_->records()) {
+      auto [it, created] = all.try_emplace(r.key);
+      SavedBlock& b = it->second;
+      if (created) {
+        if (!r.page) {  // a snapshot of a block no longer anywhere
+          all.erase(it);
+          continue;
+        }
+        b = {r.key, r.parent, r.tokens, -1, -1};
+        b.host_page = r.page;
+      }
+      if (b.slot < 0) b.host_snapshot = r.snapshot;
+    }
+  }
+  std::unordered_map<uint64_t, std::vector<uint64_t>> below;
+  for (const auto& [key, b] : all) below[b.parent].push_back(key);
+  std::vector<SavedBlock> out;
+  std::vector<uint64_t> frontier{cache_->root_key()};
+  while (!frontier.empty()) {
+    std::vector<uint64_t> next;
+    for (uint64_t parent : frontier) {
+      auto it = below.find(parent);
+      if (it == below.end()) continue;
+      std::sort(it->second.begin(), it->second.end());
+      for (uint64_t key : it->second) {
+        out.push_back(all.at(key));
+        next.push_back(key);
+      }
+    }
+    frontier = std::move(next);
+  }
+  return out;
+}
+
 CacheFileReport Engine::save_prefix_cache(const std::string& path) {
   CacheFileReport report;
   if (!cache_) {
@@ -86,7 +125,7 @@ CacheFileReport Engine::save_prefix_cache(const std::string& path) {
     report.message = "the engine is still running; save after shutdown";
     return report;
   }
-  const auto blocks = cache_->export_blocks();
+  const auto blocks = saved_blocks();
   const int64_t page_bytes = pool_->page_bytes(row_bytes(pool_->storage().dtype, 1));
   const int64_t state_floats = model_->has_recurrent_state() ? model_->snapshot_floats() : 0;
   const std::string tmp = path + ".tmp";
@@ -116,16 +155,18 @@ CacheFileReport Engine::save_prefix_cache(const std::string& path) {
     RecordHead head{};
     head.parent = index.at(b.parent);
     std::copy(b.tokens.begin(), b.tokens.end(), head.tokens);
-    head.has_snapshot = b.slot >= 0 && state_floats > 0 ? 1 : 0;
+    head.has_snapshot = (b.slot >= 0 || b.host_snapshot) && state_floats > 0 ? 1 : 0;
     index[b.key] = static_cast<int64_t>(i);
-    model_->kv_page_io(b.page, page.data(), true);
+    if (b.page >= 0) model_->kv_page_io(b.page, page.data(), true);
+    else std::memcpy(page.data(), b.host_page, page.size());
     Checksum sum;
     sum.add(&head, sizeof head);
     sum.add(page.data(), page.size());
     put(&head, sizeof head);
     put(page.data(), page.size());
     if (head.has_snapshot) {
-      model_->snapshot_io(b.slot, state.data(), true);
+      if (b.slot >= 0) model_->snapshot_io(b.slot, state.data(), true);
+      else std::memcpy(state.data(), b.host_snapshot, state.size() * sizeof(float));
       sum.add(state.data(), state.size() * sizeof(float));
       put(state.data(), state.size() * sizeof(float));
       ++report.snapshots;
@@ -199,35 +240,65 @@ CacheFileReport Engine::load_prefix_cache(const std::string& path) {
   std::vector<uint64_t> keys;
   keys.reserve(static_cast<size_t>(header.records));
   bool full = false;
+  int64_t on_host = 0;
+  std::unordered_map<uint64_t, bool> hosted;  // restored blocks that went to the host tier
   for (uint64_t i = 0; i < header.records; ++i) {
     read_record(in, head, page, state, state_floats);
     const uint64_t parent = head.parent < 0 ? cache_->root_key() : keys[static_cast<size_t>(head.parent)];
+    const std::span<const int32_t> tokens(head.tokens, kPageTokens);
     uint64_t key = 0;
-    if (parent != 0 && !full) {
+    bool host_block = false;
+    // The device first (an empty pool at startup), then the host tier; a block whose parent
+    // went to the host stays there too, so the device tree keeps its prefix closure.
+    if (parent != 0 && !full && !hosted.count(parent)) {
       auto taken = pool_->allocate(1);
       if (!taken) {
         full = true;
       } else {
         model_->kv_page_io(taken->front(), page.data(), false);
-        key = cache_->adopt(parent, std::span<const int32_t>(head.tokens, kPageTokens), taken->front());
+        key = cache_->adopt(parent, tokens, taken->front());
+      }
+    }
+    if (parent != 0 && key == 0 && host_ && (full || hosted.count(parent))) {
+      bool fresh = false;
+      const uint64_t at = cache_->chain_key(parent, tokens);
+      if (std::byte* image = host_->store_block(at, parent, tokens, &fresh); image && fresh) {
+        std::memcpy(image, page.data(), page.size());
+        key = at;
+        host_block = true;
+        hosted[at] = true;
+        ++on_host;
       }
     }
     keys.push_back(key);
     if (key == 0) continue;
     ++report.blocks;
     report.bytes += page_bytes;
-    if (head.has_snapshot && cache_->has_free_slot()) {
+    if (!head.has_snapshot) continue;
+    const int64_t state_bytes = state_floats * static_cast<int64_t>(sizeof(float));
+    if (!host_block && cache_->has_free_slot()) {
       const int slot = cache_->acquire_slot();
       model_->snapshot_io(slot, state.data(), false);
       cache_->attach_snapshot(key, slot);
-      ++report.snapshots;
-      report.bytes += state_floats * static_cast<int64_t>(sizeof(float));
+    } else if (host_) {
+      bool fresh = false;
+      float* image = host_->store_snapshot(key, parent, tokens, &fresh);
+      if (!image || !fresh) continue;
+      std::memcpy(image, state.data(), static_cast<size_t>(state_bytes));
+    } else {
+      continue;
     }
+    ++report.snapshots;
+    report.bytes += state_bytes;
   }
+  full = report.blocks < static_cast<int64_t>(header.records);
   report.ok = true;
   report.message = "restored " + std::to_string(report.blocks) + " of " + std::to_string(header.records) +
                    " blocks and " + std::to_string(report.snapshots) + " snapshots from " + path;
-  if (full) report.message += " (the KV pool is smaller than the file needs: the rest was left out)";
+  if (on_host > 0) report.message += " (" + std::to_string(on_host) + " blocks into the host tier)";
+  if (full)
+    report.message += host_ ? " (the device pool and host tier are smaller than the file needs: the rest was left out)"
+                            : " (the KV pool is smaller than the file needs: the rest was left out)";
   return report;
 }
 

@@ -76,6 +76,7 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         taps_per_request=config.taps_per_request,
         tap_ladder=config.tap_ladder,
         tap_min_gap=config.tap_min_gap,
+        host_context_bytes=config.host_context_bytes,
     )
 
 

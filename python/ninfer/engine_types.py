@@ -141,8 +141,10 @@ class EngineConfig:
     kv_capacity: int = 0  # shared KV pool in tokens; 0 = auto (free memory less the headroom)
     vram_headroom_mib: int = 1024  # auto sizing leaves this much free
     prefix_reuse: bool = True  # reuse cached prompt prefixes across requests
-    snapshot_slots: int = 0  # hybrid models: state snapshot slots; 0 = max_concurrency + 3
-    taps_per_request: int = -1  # hybrid: prefill snapshots per request; -1 = 2
+    # Host tier of the prefix cache: bytes evicted blocks and snapshots share; 0 = none.
+    host_context_bytes: int = 0
+    snapshot_slots: int = 0  # hybrid: state snapshot slots; 0 = max_concurrency + 1 (+2 w/o host)
+    taps_per_request: int = -1  # hybrid: prefill snapshots per request; -1 = 8 (2 w/o host)
     tap_ladder: int = 0  # hybrid: ladder base G; 0 = max(4096, 2 * prefill_chunk)
     tap_min_gap: int = 0  # hybrid: minimum tap spacing; 0 = max(1024, prefill_chunk)
     prefix_cache_file: str | None = None  # restore the cache from it at open, save on close

@@ -31,4 +31,10 @@ echo "== agent loop (27B shape)"
 timeout $((budget * 2 + 60)) "$py" bench/bench_agent_loop.py --out "$out" --budget-s "$budget" 2>&1 |
   tee "$out/bench.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "${HOST_TIER_BENCH:-1}" != 0 ]; then
+  echo "== host tier (27B shape): two 32k conversations over one device pool, 8192 MiB vs 0"
+  timeout 420 "$py" bench/bench_host_tier.py --out "$out" --turns 2 2>&1 |
+    tee "$out/host_tier.log" | tail -20
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 exit "$status"

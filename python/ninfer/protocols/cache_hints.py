@@ -32,10 +32,35 @@ def cache_mode(options: Any, param: str = "prompt_cache_options") -> str:
     return mode
 
 
-def cache_candidates(prompt_ids: Sequence[int], tokenizer: Any, mode: str) -> list[int]:
-    """Write candidates for the engine: the implicit one unless the mode is explicit."""
-    if mode == "explicit":
-        return []
+MAX_WRITES = 4  # write candidates per request
+
+
+def check_breakpoint(marker: Any, param: str) -> bool:
+    """Whether a content part carries a valid `prompt_cache_breakpoint`; 400 when malformed."""
+    if marker is None:
+        return False
+    if not isinstance(marker, dict) or marker.get("mode") != "explicit":
+        raise invalid('`prompt_cache_breakpoint` must be {"mode": "explicit"}', param)
+    return True
+
+
+def cache_candidates(
+    prompt_ids: Sequence[int],
+    tokenizer: Any,
+    mode: str,
+    explicit: Sequence[tuple[int, int]] = (),
+) -> list[int]:
+    """Write candidates for the engine: the latest four explicit breakpoints (exact token
+    frontiers from the prompt path), then the implicit one unless the mode is explicit or the
+    explicit ones took every slot."""
+    chosen = sorted({at for _, at in explicit})[-MAX_WRITES:]
+    if mode == "explicit" or len(chosen) >= MAX_WRITES:
+        return chosen
+    return sorted(set(chosen) | set(_implicit(prompt_ids, tokenizer)))
+
+
+def _implicit(prompt_ids: Sequence[int], tokenizer: Any) -> list[int]:
+    """The end of the latest message body, before its closing token."""
     lookup = getattr(tokenizer, "token_to_id", None)
     if not callable(lookup):
         return []

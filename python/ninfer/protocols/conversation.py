@@ -21,11 +21,13 @@ decides what the model sees happens here, once:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.outputs.channels import DecoderConfig, ThinkingStart
 from ninfer.prompt import TemplateError
+from ninfer.prompt.cache_marks import frontiers, take_marks, with_marks
 from ninfer.prompt.literal_text import LiteralText, special_spellings
 from ninfer.prompt.template_options import (
     ResolvedOptions,
@@ -100,6 +102,8 @@ class Conversation:
     callable_tools: set[str] | None = None  # names the decoder parses; None: no tool parsing
     add_generation_prompt: bool = True  # /tokenize may turn it off
     continue_final_message: bool = True  # a final assistant message is a prefill
+    # Breakpoint marks taken out of the contents (prompt.cache_marks), kept for a re-render.
+    cache_marks: list[tuple[int, int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -109,6 +113,8 @@ class RenderedPrompt:
     is_prefill: bool
     options: ResolvedOptions
     decoder: DecoderConfig
+    # (breakpoint mark number, prompt tokens before it): exact frontiers only, prompt order.
+    cache_marks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def thinking_on(self) -> bool:
@@ -124,12 +130,58 @@ def render_conversation(served: ServedModel, conversation: Conversation) -> Rend
         )
     except TemplateOptionError as exc:
         raise ApiError(400, str(exc), code=exc.code, param=exc.param) from exc
+    if conversation.cache_marks is None:
+        conversation.cache_marks = take_marks(conversation.messages)
     last = conversation.messages[-1]
     is_prefill = conversation.continue_final_message and last.role == "assistant"
     if is_prefill:
         _check_prefill(last, options, served.markup.reasoning)
     literal = LiteralText(served.engine.tokenizer, special_spellings(served.engine.tokenizer))
-    messages = [_template_message(m, literal) for m in conversation.messages]
+    rendered = _render(served, conversation, conversation.messages, options, literal, is_prefill)
+    text = literal.restore(rendered)
+    ids = literal.encode(rendered)
+    marks: list[tuple[int, int]] = []
+    if conversation.cache_marks:
+        try:
+            marked = _render(
+                served, conversation, _marked(conversation), options, literal, is_prefill
+            )
+        except ApiError:  # the marks broke the template: they are only hints
+            marked = ""
+        marks = frontiers(marked, rendered, ids, literal.encode) if marked else []
+    return RenderedPrompt(
+        text,
+        ids,
+        is_prefill,
+        options,
+        _decoder_config(served, conversation, options, text),
+        marks,
+    )
+
+
+def _marked(conversation: Conversation) -> list[PromptMessage]:
+    """The messages with their breakpoint marks put back (copies)."""
+    by_message: dict[int, list[tuple[int, int]]] = {}
+    for index, offset, n in conversation.cache_marks or ():
+        by_message.setdefault(index, []).append((offset, n))
+    return [
+        dataclasses.replace(m, content=with_marks(m.content, by_message[i]))
+        if i in by_message
+        else m
+        for i, m in enumerate(conversation.messages)
+    ]
+
+
+def _render(
+    served: ServedModel,
+    conversation: Conversation,
+    prompt_messages: list[PromptMessage],
+    options: ResolvedOptions,
+    literal: LiteralText,
+    is_prefill: bool,
+) -> str:
+    last = prompt_messages[-1]
+    messages = [_template_message(m, literal) for m in prompt_messages]
     kwargs = {
         k: literal.protect_tree(v, rendered_as_json=False)
         for k, v in options.template_kwargs.items()
@@ -157,11 +209,7 @@ def render_conversation(served: ServedModel, conversation: Conversation) -> Rend
                 param=last.param,
             )
         rendered = rendered[:cut]
-    text = literal.restore(rendered)
-    ids = literal.encode(rendered)
-    return RenderedPrompt(
-        text, ids, is_prefill, options, _decoder_config(served, conversation, options, text)
-    )
+    return rendered
 
 
 def _check_prefill(message: PromptMessage, options: ResolvedOptions, reasoning: bool) -> None:

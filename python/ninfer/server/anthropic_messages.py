@@ -168,7 +168,11 @@ async def _stream(
     try:
         await watcher.race(await_with_heartbeat(handle.admitted(), config.keep_alive_s, ping))
         turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)
-        await send([renderer.message_start(TurnUsage(lowered.prompt_tokens, 0))])
+        # Admission fixed the reused prefix: message_start already splits it out exactly.
+        cached = getattr(handle, "cached_tokens", 0)
+        await send(
+            [renderer.message_start(TurnUsage(lowered.prompt_tokens, 0, cached_tokens=cached))]
+        )
         blocks = BlockStream(renderer)
         events = with_heartbeat(handle, config.keep_alive_s, ping)
         async with contextlib.aclosing(events):

@@ -133,6 +133,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_capacity=kv_capacity or 0,
         vram_headroom_mib=1024 if headroom is None else headroom,
         prefix_reuse=not no_reuse,
+        host_context_bytes=getattr(args, "host_context_bytes", None) or 0,
         prefix_cache_file=getattr(args, "prefix_cache_file", None),
         **{key: value for key, value in optional.items() if value is not None},
         **speculative_engine_fields(args),
@@ -323,6 +324,14 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
             "--kv-capacity" if config.kv_capacity else "auto",
             "on" if config.prefix_reuse else "off",
         )
+        if config.prefix_reuse:
+            log.info(
+                "prefix cache host tier: %s",
+                f"{config.host_context_bytes / (1 << 20):g} MiB of host memory for evicted "
+                "blocks and state snapshots"
+                if config.host_context_bytes
+                else "off (--host-context-mib 0): evicted blocks are dropped",
+            )
         if capacity < config.max_context:
             log.warning(
                 "the KV pool (%d tokens) is smaller than --max-context %d: requests are "

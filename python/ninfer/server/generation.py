@@ -99,6 +99,11 @@ class _ServedHandle:
                 raise shutting_down() from None
             raise
 
+    @property
+    def cached_tokens(self) -> int:
+        """The prefix cache's reuse, fixed at admission (0 before)."""
+        return getattr(self._handle, "cached_tokens", 0)
+
     def cancel(self) -> None:
         self._handle.cancel()
 

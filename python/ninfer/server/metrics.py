@@ -36,7 +36,7 @@ _TOKEN_COUNTERS = (
         "Prompt tokens reused from a cache instead of prefilled",
     ),
     (
-        "tokens_replayed",
+        "replayed_tokens",
         "ninfer_replayed_tokens",
         "Tokens recomputed to restore paused requests (not in ninfer_prefill_tokens)",
     ),
@@ -204,7 +204,7 @@ class _EngineCollector:
             max(
                 0,
                 self._since_start(stats, "tokens_prefilled")
-                - self._since_start(stats, "tokens_replayed"),
+                - self._since_start(stats, "replayed_tokens"),
             ),
         )
         for key, name, text in _TOKEN_COUNTERS:
@@ -246,9 +246,10 @@ class _EngineCollector:
             int(stats.get("state_slots_used", 0))
             + (int(cache.get("snapshots", 0)) if lanes_total else 0),
         )
+        yield from self._host_context(stats)
         yield _gauge(
             "ninfer_requests_materializing",
-            "Requests whose context is being copied in from a host tier (none: no host tier)",
+            "Requests whose context is being copied in from the host tier (0: copies are synchronous)",
             0,
         )
         # The output-constraint families (ninfer_constraint_*) and the speculative-decoding
@@ -258,6 +259,33 @@ class _EngineCollector:
             "1 while the engine accepts work, 0 after an engine-wide failure",
             1 if _healthy(self._engine) else 0,
         )
+
+    def _host_context(self, stats: Mapping[str, Any]) -> Iterator[Metric]:
+        """The prefix cache's host tier: occupancy and the bytes moved to and from it."""
+        host = stats.get("host_tier") or {}
+        for kind, text in (
+            ("used", "Host tier bytes holding KV blocks and state snapshots"),
+            ("reserved", "Host tier bytes reserved for transfers in flight (part of used)"),
+            ("capacity", "Host tier budget (--host-context-mib)"),
+            ("peak", "Most host tier bytes used since the server started"),
+        ):
+            value = (
+                0 if kind == "reserved" else host.get(f"{kind}_bytes", 0)
+            )  # copies are synchronous
+            yield _gauge(f"ninfer_host_context_{kind}_bytes", text, value)
+        moved = CounterMetricFamily(
+            "ninfer_context_transfer_bytes",
+            "Prefix cache payload bytes copied between the device and the host tier",
+            labels=["resource", "direction"],
+        )
+        baseline = self._baseline.get("host_tier") or {}
+        since = {key: max(0, int(host.get(key, 0)) - int(baseline.get(key, 0))) for key in host}
+        kv_out, kv_in = since.get("block_write_bytes", 0), since.get("block_restore_bytes", 0)
+        moved.add_metric(["main_kv", "to_host"], kv_out)
+        moved.add_metric(["main_kv", "to_device"], kv_in)
+        moved.add_metric(["state", "to_host"], since.get("write_bytes", 0) - kv_out)
+        moved.add_metric(["state", "to_device"], since.get("restore_bytes", 0) - kv_in)
+        yield moved
 
     def _since_start(self, stats: Mapping[str, Any], key: str) -> int:
         return max(0, int(stats.get(key, 0)) - int(self._baseline.get(key, 0)))

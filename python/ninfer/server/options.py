@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ninfer.server.speculative_options import add_speculative_arguments, check_speculative_arguments
@@ -100,16 +101,20 @@ def _cache_file(text: str) -> str:
 
 
 def _host_context_mib(text: str) -> int:
+    """--host-context-mib: decimal MiB (`0.5` allowed) as a whole number of bytes."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value != 0:
-        raise argparse.ArgumentTypeError(
-            f"{value}: the host tier of the prefix cache is not available in this build; "
-            "only 0 (the cache stays in device memory) is accepted"
-        )
-    return value
+        value = Decimal(text)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected 0 or a positive number of MiB")
+    size = value * (1 << 20)
+    if size != size.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text} MiB is not a whole number of bytes")
+    return int(size)
+
+
+DEFAULT_HOST_CONTEXT_BYTES = 8192 << 20
 
 
 class _Refuse(argparse.Action):
@@ -294,9 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument(
         "--host-context-mib",
         type=_host_context_mib,
-        default=0,
+        default=None,
+        dest="host_context_bytes",
         metavar="N",
-        help="pinned host tier of the prefix cache; this build has none, so only 0 (default: 0)",
+        help="host memory in MiB (decimals allowed) that KV blocks and state snapshots evicted "
+        "from the device share; a hit restores them from there; 0 keeps the cache on the "
+        "device only (default: 8192)",
     )
     cache.add_argument(
         "--prefix-cache-file",
@@ -313,14 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="hybrid models: device state snapshot slots, 1..64 "
-        "(default: max-concurrency + 3, no host tier)",
+        "(default: max-concurrency + 1; + 2 without a host tier)",
     )
     cache.add_argument(
         "--cache-taps-per-request",
         type=_int_range(0, 64),
         default=None,
         metavar="N",
-        help="hybrid models: prefill state snapshots per request, 0..64 (default: 2, no host tier)",
+        help="hybrid models: prefill state snapshots per request, 0..64 "
+        "(default: 8; 2 without a host tier)",
     )
     cache.add_argument(
         "--cache-tap-ladder",
@@ -540,6 +549,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if given:
             flag = "--" + given[0].replace("_", "-")
             parser.error(f"{flag} configures prefix reuse, which --no-prefix-reuse turns off")
+    if args.host_context_bytes is None:
+        args.host_context_bytes = 0 if args.no_prefix_reuse else DEFAULT_HOST_CONTEXT_BYTES
+    if args.prefix_cache_file is not None and args.host_context_bytes == 0:
+        parser.error("--prefix-cache-file needs a host tier (--host-context-mib above 0)")
     if args.request_log_max_mib is not None and args.request_log_jsonl is None:
         parser.error("--request-log-max-mib requires --request-log-jsonl")
     if args.request_log_keep is not None and args.request_log_max_mib is None:

@@ -424,7 +424,7 @@ class Telemetry:
                     "replay_restores": preemptions,
                     "replayed_tokens": int(scheduling.get("replayed_tokens", 0)),
                     "paused_seconds": float(scheduling.get("paused_seconds", 0.0)),
-                    "transfer_bytes": 0,  # no host tier: nothing is copied for a request
+                    "transfer_bytes": 0,  # host-tier copies are not attributed to requests yet
                 },
                 "admission": {
                     "preferred_reused_tokens": cached,

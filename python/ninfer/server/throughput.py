@@ -31,7 +31,7 @@ _DELTAS = (
     "requests_finished",
     "pauses",
     "replay_restores",
-    "tokens_replayed",
+    "replayed_tokens",
 )
 
 
@@ -67,6 +67,7 @@ class ThroughputReporter:
         stats = dict(self._engine.stats())
         deltas = {key: int(stats.get(key, 0)) - int(self._last.get(key, 0)) for key in _DELTAS}
         seconds = now - self._last_at
+        previous = self._last
         self._last, self._last_at = stats, now
         running, waiting = int(stats.get("running", 0)), int(stats.get("pending", 0))
         worked = deltas["tokens_prefilled"] or deltas["tokens_decoded"]
@@ -78,7 +79,11 @@ class ThroughputReporter:
             interval_seconds=seconds,
             deltas=deltas,
             gauges=_gauges(stats),
+            scheduling=_deltas(stats, previous, _SCHEDULING),
         )
+        hybrid = _hybrid_cache(stats, previous)
+        if hybrid is not None:
+            record["context_cache"] = {"hybrid": hybrid}
         self._telemetry.write(record)
         batch = deltas["decode_rows"] / deltas["decode_rounds"] if deltas["decode_rounds"] else 0
         log.info(
@@ -121,3 +126,56 @@ def _gauges(stats: Mapping[str, Any]) -> dict[str, Any]:
         "kv_pages_free",
     )
     return {key: stats[key] for key in keys if key in stats}
+
+
+_SCHEDULING = {
+    "preemptions": ("pauses",),
+    "replay_restores": ("replay_restores",),
+    "replayed_tokens": ("replayed_tokens",),
+}
+# context_cache.hybrid interval deltas: record name -> (stats group, key).
+_HYBRID_DELTAS = {
+    "snapshot_hits": ("prefix_cache", "snapshot_hits"),
+    "reused_tokens": ("prefix_cache", "reused_tokens"),
+    "blocks_inserted": ("prefix_cache", "blocks_inserted"),
+    "blocks_duplicate": ("prefix_cache", "blocks_duplicate"),
+    "taps_created": ("prefix_cache", "taps_created"),
+    "taps_skipped": ("prefix_cache", "taps_skipped"),
+    "endpoints_created": ("prefix_cache", "endpoints_created"),
+    "evicted_blocks": ("prefix_cache", "evicted_blocks"),
+    "host_image_writes": ("host_tier", "image_writes"),
+    "host_block_writes": ("host_tier", "block_writes"),
+    "host_image_restores": ("host_tier", "image_restores"),
+    "host_block_restores": ("host_tier", "block_restores"),
+    "host_write_bytes": ("host_tier", "write_bytes"),
+    "host_restore_bytes": ("host_tier", "restore_bytes"),
+    "host_snapshot_evictions": ("host_tier", "snapshot_evictions"),
+    "host_dead_reclaims": ("host_tier", "dead_reclaims"),
+    "unbacked_node_losses": ("host_tier", "unbacked_node_losses"),
+}
+
+
+def _deltas(
+    stats: Mapping[str, Any], previous: Mapping[str, Any], names: Mapping[str, tuple[str, ...]]
+) -> dict[str, int]:
+    def value(source: Mapping[str, Any], path: tuple[str, ...]) -> int:
+        for key in path[:-1]:
+            source = source.get(key) or {}
+        return int(source.get(path[-1], 0))
+
+    return {name: value(stats, path) - value(previous, path) for name, path in names.items()}
+
+
+def _hybrid_cache(stats: Mapping[str, Any], previous: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The prefix cache's gauges and interval counters, once it holds anything."""
+    cache, host = stats.get("prefix_cache") or {}, stats.get("host_tier") or {}
+    if not cache.get("blocks_inserted") and not cache.get("snapshots"):
+        return None
+    return {
+        "device_blocks": cache.get("blocks", 0),
+        "evictable_blocks": cache.get("unreferenced_blocks", 0),
+        "tree_blocks": host.get("tree_blocks", cache.get("blocks", 0)),
+        "snapshots": cache.get("snapshots", 0) + host.get("snapshots", 0),
+        "host_capacity_bytes": host.get("capacity_bytes", 0),
+        "host_used_bytes": host.get("used_bytes", 0),
+    } | _deltas(stats, previous, _HYBRID_DELTAS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer.prompt import cache_marks
 from ninfer.server.errors import invalid
 
 MAX_BREAKPOINTS = 4
@@ -38,6 +39,21 @@ class CacheBreakpoints:
 
     targets: dict[str, str] = field(default_factory=dict)  # location -> ttl
     last_block: str | None = None  # the last cacheable block, for a request-level marker
+    marked: list[str] = field(default_factory=list)  # mark number -> block location
+
+    def mark(self, location: str) -> str:
+        """The mark that ends block `location`'s text in the prompt content (see
+        ninfer.prompt.cache_marks); the prompt path removes it again."""
+        self.marked.append(location)
+        return cache_marks.mark(len(self.marked) - 1)
+
+    def candidates(self, frontiers: list[tuple[int, int]]) -> list[int]:
+        """The breakpoints' exact token frontiers in the rendered prompt, ascending; a target
+        whose boundary is not a token boundary (or not text, like a tool) is left out."""
+        wanted = set(self.targets)
+        return sorted(
+            {at for n, at in frontiers if n < len(self.marked) and self.marked[n] in wanted}
+        )
 
     def block(self, block: dict[str, Any], location: str) -> None:
         """Records `block`'s marker (if any) and makes it the last cacheable block."""

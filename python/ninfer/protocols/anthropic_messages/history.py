@@ -96,7 +96,7 @@ def _system_text(block: _Block, cache: CacheBreakpoints) -> str:
             f"System blocks must be text blocks, got {block.type!r}", f"{block.where}.type"
         )
     cache.block(block.body, block.where)
-    return _text(block)
+    return _text(block) + cache.mark(block.where)
 
 
 def lower_history(messages: list[MessageParam], cache: CacheBreakpoints) -> list[PromptMessage]:
@@ -193,7 +193,7 @@ def _system_turn(turn: _Turn, cache: CacheBreakpoints) -> PromptMessage:
         if block.type != "text":
             raise _refuse_block(block, "text (System messages carry text only)")
         cache.block(block.body, block.where)
-        texts.append(_text(block))
+        texts.append(_text(block) + cache.mark(block.where))
     return PromptMessage(role="system", content="".join(texts), param=turn.where)
 
 
@@ -219,7 +219,7 @@ def _assistant_turn(turn: _Turn, cache: CacheBreakpoints) -> PromptMessage:
             saw_thinking = True  # opaque to this model: nothing to replay
         elif kind == "text":
             cache.block(block.body, block.where)
-            texts.append(_text(block))
+            texts.append(_text(block) + cache.mark(block.where))
         elif kind == "tool_use":
             cache.block(block.body, block.where)
             calls.append(_tool_use(block, calls))
@@ -292,7 +292,7 @@ def _user_turn(
         if block.type != "text":
             raise _refuse_block(block, "text, image or tool_result")
         cache.block(block.body, block.where)
-        texts.append(_text(block))
+        texts.append(_text(block) + cache.mark(block.where))
     lowered = _ordered_results(turn, results, order, calls, first)
     if texts or not results:
         lowered.append(PromptMessage(role="user", content="".join(texts), param=turn.where))
@@ -354,6 +354,7 @@ def _tool_result(block: _Block, cache: CacheBreakpoints) -> PromptMessage:
         )
     if is_error:
         text = TOOL_ERROR_PREFIX + text
+    text += cache.mark(block.where)
     return PromptMessage(role="tool", content=text, tool_call_id=call_id, param=block.where)
 
 
@@ -361,7 +362,7 @@ def _result_part(part: _Block, cache: CacheBreakpoints) -> str:
     _check_object(part)
     if part.type == "text":
         cache.block(part.body, part.where)
-        return _text(part)
+        return _text(part) + cache.mark(part.where)
     if part.type == "tool_reference":
         # Tool search results (Claude Code's deferred tools): the referenced tool's name.
         name = part.body.get("tool_name")

@@ -194,6 +194,7 @@ def lower_messages_request(request: MessagesRequest, served: ServedModel) -> Low
             thinking=prompt.thinking_on,
         ),
         stop_strings=stops,
+        cache_candidates=lowered.cache.candidates(prompt.cache_marks),
         thinking_budget=plan_thinking_budget(
             served.thinking_close, prompt.decoder.thinking, limit, max_tokens, budget_param
         ),

@@ -90,7 +90,10 @@ def lower_chat_request(request: ChatCompletionRequest, served: ServedModel) -> L
         ignore_eos=bool(request.ignore_eos),
         min_tokens=request.min_tokens or 0,
         cache_candidates=cache_candidates(
-            prompt.ids, served.engine.tokenizer, cache_mode(request.prompt_cache_options)
+            prompt.ids,
+            served.engine.tokenizer,
+            cache_mode(request.prompt_cache_options),
+            prompt.cache_marks,
         ),
         thinking_budget=plan_thinking_budget(
             served.thinking_close,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ninfer.prompt import cache_marks
+from ninfer.protocols.cache_hints import check_breakpoint
 from ninfer.protocols.conversation import CUSTOM_TOOL_INPUT, HistoricalToolCall, PromptMessage
 from ninfer.protocols.openai_chat.protocol import ContentPart, Message
 from ninfer.server.errors import ApiError, invalid, unsupported
@@ -176,6 +178,8 @@ def _content_text(
             if part.text is None:
                 raise invalid("a text part needs a `text` string", f"{param}.text")
             pieces.append(part.text)
+            if check_breakpoint(part.prompt_cache_breakpoint, f"{param}.prompt_cache_breakpoint"):
+                pieces.append(cache_marks.mark(0))  # the prompt path takes it out again
         elif part.type == "refusal" and role == "assistant":
             if part.refusal is None:
                 raise invalid("a refusal part needs a `refusal` string", f"{param}.refusal")

@@ -20,6 +20,7 @@ class ContentPart(msgspec.Struct, kw_only=True):
     refusal: str | None = None
     image_url: Any = None
     video_url: Any = None
+    prompt_cache_breakpoint: Any = None  # {"mode": "explicit"}: a cache write candidate
 
 
 class Message(msgspec.Struct, kw_only=True):

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer.prompt import cache_marks
 from ninfer.protocols.conversation import CUSTOM_TOOL_INPUT, HistoricalToolCall, PromptMessage
 from ninfer.protocols.openai_responses.tools import ResponseTools
 from ninfer.server.errors import ApiError, invalid, unsupported
@@ -201,7 +202,10 @@ def _content_part(role: str, part: Any, where: str) -> dict[str, Any]:
     kind = part.get("type")
     _check_breakpoint(part, where)
     if kind == "input_text" or (kind == "output_text" and role == "assistant"):
-        return _text_part(kind, _string(part, "text", where))
+        text = _text_part(kind, _string(part, "text", where))
+        if part.get("prompt_cache_breakpoint") is not None:
+            text["prompt_cache_breakpoint"] = {"mode": "explicit"}  # a write candidate
+        return text
     if kind == "refusal" and role == "assistant":
         return {"type": "refusal", "refusal": _string(part, "refusal", where)}
     if kind in ("input_image", "input_video") and role in ("user", "assistant"):
@@ -506,7 +510,13 @@ def _tool_history(message: str, param: str) -> ApiError:
 
 
 def _text(parts: list[dict[str, Any]]) -> str:
-    return "".join(p["refusal"] if p["type"] == "refusal" else p["text"] for p in parts)
+    """The parts' text; a breakpoint part ends with its cache mark (the prompt path takes it
+    out again and keeps the exact token frontier as a write candidate)."""
+    return "".join(
+        (p["refusal"] if p["type"] == "refusal" else p["text"])
+        + (cache_marks.mark(0) if p.get("prompt_cache_breakpoint") else "")
+        for p in parts
+    )
 
 
 def _output_text(output: str | list[dict[str, Any]]) -> str:

@@ -21,6 +21,7 @@ from ninfer.protocols.constraints import (
     plan_turn_constraint,
     single_output_constraint,
 )
+from ninfer.protocols.cache_hints import cache_candidates
 from ninfer.protocols.conversation import (
     Conversation,
     PromptMessage,
@@ -158,6 +159,12 @@ def lower_create(
             served.default_thinking_budget,
             max_tokens,
             "max_output_tokens",
+        ),
+        cache_candidates=cache_candidates(
+            prompt.ids,
+            served.engine.tokenizer,
+            (request.prompt_cache_options and request.prompt_cache_options.mode) or "implicit",
+            prompt.cache_marks,
         ),
     )
     reasoning = request.reasoning
