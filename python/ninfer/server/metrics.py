@@ -249,7 +249,7 @@ class _EngineCollector:
         yield from self._host_context(stats)
         yield _gauge(
             "ninfer_requests_materializing",
-            "Requests whose context is being copied in from the host tier (0: copies are synchronous)",
+            "Requests whose context is copied in from the host tier (0: copies are synchronous)",
             0,
         )
         # The output-constraint families (ninfer_constraint_*) and the speculative-decoding

@@ -13,6 +13,7 @@ from typing import Any
 
 from ninfer.engine_types import GenerationRequest
 from ninfer.prompt.template_options import TemplateOptions
+from ninfer.protocols.cache_hints import cache_candidates
 from ninfer.protocols.constraints import (
     GrammarSpec,
     check_tool_constraints,
@@ -21,7 +22,6 @@ from ninfer.protocols.constraints import (
     plan_turn_constraint,
     single_output_constraint,
 )
-from ninfer.protocols.cache_hints import cache_candidates
 from ninfer.protocols.conversation import (
     Conversation,
     PromptMessage,
