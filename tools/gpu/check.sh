@@ -34,8 +34,10 @@ grep -iE "warning" "$out/build.log" | head -20
 source build/gpu/env.sh
 
 echo "== GPU tests"
-# Every gpu-marked test: the CUDA op/model files and the server over a CUDA engine.
-"$py" -m pytest -m gpu tests/test_cuda_*.py tests/test_server_hybrid_engine.py -q -rs -s -p no:cacheprovider \
+# Every gpu-marked test: the CUDA op/model files, the prefix cache and speculative rounds on
+# CUDA, and the server over a CUDA engine.
+"$py" -m pytest -m gpu tests/test_cuda_*.py tests/test_prefix_cache_cuda.py tests/test_speculative_cuda.py \
+  tests/test_server_hybrid_engine.py tests/test_server_prefix_cache.py -q -rs -s -p no:cacheprovider \
   -o addopts="" 2>&1 | tee "$out/tests.log" | grep -vE "^$" | tail -60
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
