@@ -88,6 +88,8 @@ def main() -> int:
     parser.add_argument("--host-mib", default="8192,0", help="host tier sizes to compare")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
+    if args.turns < 2:
+        parser.error("--turns must be at least 2: turn 1 plants, later turns measure")
     args.out.mkdir(parents=True, exist_ok=True)
     config = qwen3_5_preset(args.shape)
     vocab = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
