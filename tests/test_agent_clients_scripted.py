@@ -157,7 +157,9 @@ def test_qwen_code_writes_a_file_then_runs_a_command(server, script, recorder, t
     target = work / "notes.txt"
     engine = script(
         call("write_file", file_path=str(target), content="hello from ninfer"),
-        call("run_shell_command", command="cat notes.txt | tr a-z A-Z"),
+        # The trailing sleep keeps the command alive while Qwen Code's PTY reader drains the
+        # output: a command that exits at once can lose it ("Output: (empty)", seen in CI).
+        call("run_shell_command", command="cat notes.txt | tr a-z A-Z; sleep 1"),
         FINAL,
     )
     qwen = installed(agent_clients.QWEN_CODE)

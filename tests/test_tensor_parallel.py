@@ -240,7 +240,9 @@ def test_the_ninfer_serve_process_over_two_ranks(tmp_path):
     finally:
         running.stop()
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent / "python"))
+    # This process's import path: the ninfer it imported (a source tree with the built
+    # extension linked in, or the installed package) is the one the server runs.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     command = [
         sys.executable, "-c", "import sys; from ninfer.server.cli import main; sys.exit(main())",
         str(path), "--device", "cpu", "-tp", "2", "--port", str(port), "--max-context", "512",
