@@ -58,6 +58,8 @@ FAMILIES = (
     "ninfer_host_context_capacity_bytes",
     "ninfer_host_context_peak_bytes",
     "ninfer_context_transfer_bytes",
+    "ninfer_host_work_seconds",
+    "ninfer_device_wait_seconds",
 )
 
 
@@ -99,7 +101,12 @@ def test_families_identity_and_limits(server):
         for sample in family.samples:
             assert set(sample.labels) <= {"model", "architecture", "weight_format", "backend",
                                           "outcome", "result", "le", "resource",
-                                          "direction"}  # fmt: skip
+                                          "direction", "phase"}  # fmt: skip
+    assert metrics.families["ninfer_host_work_seconds"].type == "counter"
+    assert metrics.families["ninfer_device_wait_seconds"].type == "counter"
+    phases = {s.labels["phase"] for s in metrics.families["ninfer_host_work_seconds"].samples}
+    assert phases == {"engine_boundary", "program_submit", "program_post",
+                      "engine_commit_output", "engine_maintenance"}  # fmt: skip
 
 
 def test_metrics_require_the_api_key(server):

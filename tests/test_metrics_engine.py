@@ -6,6 +6,7 @@ test hook (`inject_step_failures`), so recovery and engine death run the real co
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -88,6 +89,41 @@ def test_engine_counters_match_the_usage_of_known_requests(server):
     assert after.value("ninfer_device_kv_used_pages") == 0  # both requests released theirs
     assert after.value("ninfer_requests_running") == 0
     assert after.value("ninfer_engine_ready") == 1
+
+
+PHASES = ("engine_boundary", "program_submit", "program_post", "engine_commit_output",
+          "engine_maintenance")  # fmt: skip
+
+
+def test_worker_time_grows_with_work_and_stays_within_the_wall_clock(server):
+    """Each busy second of the worker counts once, in one host phase or in device wait (on
+    the CPU backend the forward pass itself), so the sum cannot exceed the elapsed time."""
+    before = scrape(server.base_url)
+    started = time.monotonic()
+    assert chat(server, "count the worker's time", temperature=0, max_tokens=12).status_code == 200
+    after = scrape_settled(server.base_url, before, 1)
+    elapsed = time.monotonic() - started
+
+    def grew(name: str, **labels: str) -> float:
+        return after.value(name, **labels) - before.value(name, **labels)
+
+    device_wait = grew("ninfer_device_wait_seconds_total")
+    host = {phase: grew("ninfer_host_work_seconds_total", phase=phase) for phase in PHASES}
+    assert device_wait > 0  # prefill and decode forwards ran
+    # Every unit plans a step, prepares and commits it; the request finished, so it retired.
+    for phase in PHASES:
+        assert host[phase] > 0, (phase, host)
+    assert device_wait + sum(host.values()) <= elapsed
+    # An idle scrape moves nothing: the worker's sleep is not work.
+    idle = scrape(server.base_url)
+    time.sleep(0.2)
+    again = scrape(server.base_url)
+    assert again.value("ninfer_device_wait_seconds_total") == idle.value(
+        "ninfer_device_wait_seconds_total"
+    )
+    assert sum(again.value("ninfer_host_work_seconds_total", phase=p) for p in PHASES) == sum(
+        idle.value("ninfer_host_work_seconds_total", phase=p) for p in PHASES
+    )
 
 
 def test_a_client_leaving_mid_stream_counts_as_cancelled(server):

@@ -51,3 +51,26 @@ def test_zero_interval_never_starts():
     reporter = ThroughputReporter(Engine(), Telemetry(), 0)
     reporter.start()  # no loop needed: nothing is scheduled
     reporter.stop()
+
+
+def test_worker_time_deltas_per_interval(caplog):
+    engine, request_log = Engine(), Log()
+    phases = ("engine_boundary", "program_submit", "program_post", "engine_commit_output",
+              "engine_maintenance")  # fmt: skip
+    engine.values["host_work_seconds"] = dict.fromkeys(phases, 1.0)
+    engine.values["device_wait_seconds"] = 2.0
+    reporter = ThroughputReporter(engine, Telemetry(request_log=request_log), 5000)
+    engine.values.update(tokens_decoded=10, running=1)
+    engine.values["host_work_seconds"] = {**dict.fromkeys(phases, 1.0), "program_submit": 1.25,
+                                          "engine_commit_output": 1.5}  # fmt: skip
+    engine.values["device_wait_seconds"] = 3.0
+    with caplog.at_level(logging.INFO):
+        work = reporter.report()["host_work"]
+    assert work["elapsed_seconds"]["program_submit"] == 0.25
+    assert work["elapsed_seconds"]["engine_commit_output"] == 0.5
+    assert work["elapsed_seconds"]["engine_boundary"] == 0.0
+    assert work["elapsed_seconds"]["total"] == 0.75
+    assert work["device_wait_seconds"] == 1.0
+    assert work["host_active_fraction"] > 0
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("throughput"))
+    assert ", host 750 ms (" in line

@@ -192,6 +192,11 @@ py::dict stats_dict(const EngineStats& s) {
   d["spec_ngram_accepted_tokens"] = s.spec_ngram_accepted_tokens;
   d["spec_fallback_steps"] = s.spec_fallback_steps;
   d["replaying"] = s.replaying;
+  py::dict host_work;  // seconds of worker wall time by host phase
+  for (size_t i = 0; i < kHostPhases; ++i)
+    host_work[kHostPhaseNames[i]] = static_cast<double>(s.host_work_ns[i]) * 1e-9;
+  d["host_work_seconds"] = host_work;
+  d["device_wait_seconds"] = static_cast<double>(s.device_wait_ns) * 1e-9;
   return d;
 }
 

@@ -313,6 +313,8 @@ EngineStats Engine::stats(bool check_cache) const {
   s.spec_ngram_accepted_tokens = spec_ngram_accepted_tokens_.load();
   s.spec_fallback_steps = spec_fallback_steps_.load();
   s.replaying = replaying_gauge_.load();
+  for (size_t i = 0; i < kHostPhases; ++i) s.host_work_ns[i] = worker_time_.host_ns(static_cast<HostPhase>(i));
+  s.device_wait_ns = worker_time_.device_wait_ns();
   return s;
 }
 
@@ -475,10 +477,12 @@ void Engine::run() {
       std::vector<EngineEvent> events;
       if (!step_boundary(events)) break;
       events_.push(std::move(events));
+      worker_time_.lap(HostPhase::EngineBoundary);
       if (step_.empty()) continue;
       std::vector<EngineEvent> outputs;
       execute_step(outputs);
       events_.push(std::move(outputs));
+      worker_time_.lap(HostPhase::EngineCommitOutput);
       if (consecutive_failures_ >= kMaxConsecutiveFailures) {
         fail_everything("the engine stopped after " + std::to_string(kMaxConsecutiveFailures) +
                         " failed steps in a row; last error: " + failure_);
@@ -499,6 +503,7 @@ bool Engine::step_boundary(std::vector<EngineEvent>& events) {
   std::unique_lock lock(mu_);
   wake_.wait(lock, [&] { return stopping_ || !scheduler_.idle(); });
   if (stopping_) return false;
+  worker_time_.restart();  // the wait (idle, or for the lock) is no work of the worker's
   const auto now = EngineClock::now();
   for (auto& seq : scheduler_.take_expired(now)) {
     EngineEvent event = base_event(*seq, EventKind::QueueTimeout);
@@ -558,8 +563,9 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
   const auto started = EngineClock::now();
   try {
     throw_if_injected();
+    if (on_device) plan_device_sampling();
+    worker_time_.lap(HostPhase::ProgramSubmit);
     if (on_device) {
-      plan_device_sampling();
       model_->forward_sampled(step_.batch, sampling_, sampled_ids_.data());
     } else {
       model_->forward(step_.batch, logits_.data());
@@ -570,6 +576,7 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
     error = e.what();
     out_of_memory = is_out_of_memory(e);
   }
+  worker_time_.lap_device_wait();  // the forward: the backend returns once the device is done
   std::vector<Sequence*> done;
   steps_.fetch_add(1, std::memory_order_relaxed);
   if (!error.empty()) {
@@ -587,6 +594,7 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
       events.push_back(std::move(event));
       done.push_back(seq);
     }
+    worker_time_.lap(HostPhase::ProgramPost);
   } else {
     consecutive_failures_ = 0;
     failures_gauge_ = 0;
@@ -628,12 +636,18 @@ void Engine::execute_step(std::vector<EngineEvent>& events) {
       const double share = elapsed_ms(started, EngineClock::now()) / (step_.decode_rows + step_.prefill_tokens);
       for (int32_t i = 0; i < step_.decode_rows; ++i) step_.rows[static_cast<size_t>(i)]->decode_share_ms += share;
     }
+    worker_time_.lap(HostPhase::ProgramPost);
     commit_step(events, done, on_device);
-    if (mtp_) draft_with_mtp(done);
+    worker_time_.lap(HostPhase::EngineCommitOutput);
+    if (mtp_) {
+      draft_with_mtp(done);
+      worker_time_.lap(HostPhase::ProgramPost);
+    }
   }
   if (done.empty()) return;
   std::lock_guard lock(mu_);
   for (Sequence* seq : done) retire(*seq);
+  worker_time_.lap(HostPhase::EngineMaintenance);
 }
 
 void Engine::plan_device_sampling() {

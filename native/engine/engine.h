@@ -7,6 +7,7 @@
 // finished=true, or QueueTimeout).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include "engine/generation_params.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/worker_time.h"
 #include "models/model.h"
 
 namespace ninfer {
@@ -151,6 +153,9 @@ struct EngineStats {
   uint64_t spec_ngram_accepted_tokens = 0;
   uint64_t spec_fallback_steps = 0;  // decode rows of a speculating engine with nothing to verify
   int32_t replaying = 0;  // resident requests rebuilding their state by replay after a pause
+  // Worker wall time (engine/worker_time.h): host phases by HostPhase, and device wait.
+  std::array<uint64_t, kHostPhases> host_work_ns{};
+  uint64_t device_wait_ns = 0;
 };
 
 // What a prefix cache file save or load did.
@@ -337,6 +342,7 @@ class Engine {
   std::atomic<int> device_fault_after_{-1};
   std::atomic<int> injected_failures_{0};
   std::atomic<bool> injected_out_of_memory_{false};
+  WorkerTime worker_time_;  // laps taken by the worker only; read by stats()
 
   std::thread worker_;  // last: starts after everything above is built
 };

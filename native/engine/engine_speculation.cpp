@@ -270,7 +270,9 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
   try {
     mtp_logits_.resize(last_rows.size() * static_cast<size_t>(vocab));
     mtp_hidden_.resize(last_rows.size() * static_cast<size_t>(h));
+    worker_time_.lap(HostPhase::ProgramPost);  // the head's traversals are device wait
     mtp_->forward_mtp_rows(plan, hidden_prev.data(), 0, last_rows, mtp_logits_.data(), mtp_hidden_.data());
+    worker_time_.lap_device_wait();
     // Later steps: one token per lane that still wants drafts.
     for (int step = 1;; ++step) {
       std::vector<size_t> active;
@@ -312,7 +314,9 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
       }
       next.tokens = next_tokens;
       std::vector<float> logits(active.size() * static_cast<size_t>(vocab)), hidden(active.size() * static_cast<size_t>(h));
+      worker_time_.lap(HostPhase::ProgramPost);
       mtp_->forward_mtp_rows(next, next_hidden.data(), step, next_rows, logits.data(), hidden.data());
+      worker_time_.lap_device_wait();
       // Lanes not in `active` are complete; scatter the active ones back to their slots.
       for (size_t a = 0; a < active.size(); ++a) {
         std::copy_n(logits.begin() + static_cast<ptrdiff_t>(a) * vocab, vocab,

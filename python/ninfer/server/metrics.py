@@ -92,6 +92,16 @@ _SCHEDULING_COUNTERS = (
 )
 
 
+# The engine worker's mutually exclusive host phases (engine.stats()["host_work_seconds"]).
+HOST_WORK_PHASES = (
+    "engine_boundary",
+    "program_submit",
+    "program_post",
+    "engine_commit_output",
+    "engine_maintenance",
+)
+
+
 class RequestHistograms:
     """Latency histograms of settled generations, in one registry per server."""
 
@@ -247,6 +257,7 @@ class _EngineCollector:
             + (int(cache.get("snapshots", 0)) if lanes_total else 0),
         )
         yield from self._host_context(stats)
+        yield from self._worker_time(stats)
         yield _gauge(
             "ninfer_requests_materializing",
             "Requests whose context is copied in from the host tier (0: copies are synchronous)",
@@ -287,6 +298,25 @@ class _EngineCollector:
         moved.add_metric(["state", "to_device"], since.get("restore_bytes", 0) - kv_in)
         yield moved
 
+    def _worker_time(self, stats: Mapping[str, Any]) -> Iterator[Metric]:
+        """The engine worker's wall time: each busy second once, in one host phase or in
+        device wait (blocked in a backend forward), whatever the batch size."""
+        host = stats.get("host_work_seconds") or {}
+        baseline = self._baseline.get("host_work_seconds") or {}
+        work = CounterMetricFamily(
+            "ninfer_host_work_seconds",
+            "Engine worker wall time doing host work, by mutually exclusive phase",
+            labels=["phase"],
+        )
+        for phase in HOST_WORK_PHASES:
+            work.add_metric([phase], _seconds_since(host, baseline, phase))
+        yield work
+        yield _counter(
+            "ninfer_device_wait_seconds",
+            "Engine worker wall time blocked in backend forwards (not device kernel time)",
+            _seconds_since(stats, self._baseline, "device_wait_seconds"),
+        )
+
     def _since_start(self, stats: Mapping[str, Any], key: str) -> int:
         return max(0, int(stats.get(key, 0)) - int(self._baseline.get(key, 0)))
 
@@ -308,6 +338,10 @@ class ServerMetrics:
 def _snapshot(engine: Any) -> Mapping[str, Any]:
     stats = getattr(engine, "stats", None)
     return stats() if callable(stats) else {}
+
+
+def _seconds_since(now: Mapping[str, Any], baseline: Mapping[str, Any], key: str) -> float:
+    return max(0.0, float(now.get(key, 0.0)) - float(baseline.get(key, 0.0)))
 
 
 def _healthy(engine: Any) -> bool:

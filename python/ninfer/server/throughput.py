@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ninfer.server import console_units as units
+from ninfer.server.metrics import HOST_WORK_PHASES
 from ninfer.server.telemetry import Telemetry
 
 log = logging.getLogger("ninfer.server")
@@ -84,11 +85,14 @@ class ThroughputReporter:
         hybrid = _hybrid_cache(stats, previous)
         if hybrid is not None:
             record["context_cache"] = {"hybrid": hybrid}
+        host_work = _host_work(stats, previous, seconds)
+        if host_work is not None:
+            record["host_work"] = host_work
         self._telemetry.write(record)
         batch = deltas["decode_rows"] / deltas["decode_rounds"] if deltas["decode_rounds"] else 0
         log.info(
             "throughput: prefill %s, decode %s, batch %.2f, %d running%s, %d waiting%s, "
-            "KV %d/%d pages",
+            "KV %d/%d pages%s",
             units.rate(deltas["tokens_prefilled"] / seconds if seconds > 0 else None),
             units.rate(deltas["tokens_decoded"] / seconds if seconds > 0 else None),
             batch,
@@ -98,8 +102,41 @@ class ThroughputReporter:
             f", {paused} paused" if paused else "",
             int(stats.get("kv_pages_total", 0)) - int(stats.get("kv_pages_free", 0)),
             int(stats.get("kv_pages_total", 0)),
+            _host_active(host_work),
         )
         return record
+
+
+def _host_work(
+    stats: Mapping[str, Any], previous: Mapping[str, Any], seconds: float
+) -> dict[str, Any] | None:
+    """The worker's wall time over the interval: host phases (each segment counted once,
+    whatever the batch size) and, separately, device wait. None for an engine that does not
+    time its worker."""
+    now = stats.get("host_work_seconds")
+    if now is None:
+        return None
+    before = previous.get("host_work_seconds") or {}
+    elapsed = {
+        phase: max(0.0, float(now.get(phase, 0.0)) - float(before.get(phase, 0.0)))
+        for phase in HOST_WORK_PHASES
+    }
+    elapsed["total"] = sum(elapsed.values())
+    device_wait = float(stats.get("device_wait_seconds", 0.0))
+    return {
+        "elapsed_seconds": elapsed,
+        "device_wait_seconds": max(
+            0.0, device_wait - float(previous.get("device_wait_seconds", 0.0))
+        ),
+        "host_active_fraction": elapsed["total"] / seconds if seconds > 0 else None,
+    }
+
+
+def _host_active(host_work: Mapping[str, Any] | None) -> str:
+    if host_work is None or host_work["host_active_fraction"] is None:
+        return ""
+    total = host_work["elapsed_seconds"]["total"]
+    return f", host {units.duration(total)} ({host_work['host_active_fraction'] * 100.0:.1f}%)"
 
 
 def _composition(stats: Mapping[str, Any]) -> str:
