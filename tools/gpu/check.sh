@@ -18,10 +18,9 @@ status=0
 
 # Packages the GPU image lacks (granian, msgspec for the server tests) travel as wheels in .whl/,
 # and so does xgrammar's source archive (xgrammar-0.2.9.tar.gz), which the build takes from there.
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# shellcheck source=tools/gpu/common.sh
+source tools/gpu/common.sh
+install_wheels
 
 echo "== build"
 if ! tools/gpu/build.sh "$out/build.log"; then

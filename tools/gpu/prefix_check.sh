@@ -11,18 +11,10 @@ cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 status=0
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-echo "== build"
-if ! tools/gpu/build.sh "$out/build.log"; then
-  tail -40 "$out/build.log"
-  exit 1
-fi
-grep "build rc" "$out/build.log"
-# shellcheck disable=SC1091
-source build/gpu/env.sh
+# shellcheck source=tools/gpu/common.sh
+source tools/gpu/common.sh
+install_wheels
+build_extension "$out/build.log" || exit 1
 echo "== GPU tests"
 timeout 150 "$py" -m pytest -m gpu tests/test_prefix_cache_cuda.py tests/test_server_prefix_cache.py tests/test_server_hybrid_engine.py \
   tests/test_cuda_sampling.py::test_engine_device_sampling_matches_host_sampling -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/tests.log" | tail -25

