@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ninfer.engine_types import EngineEvent, GenerationRequest, QueueTimeout
-from ninfer.protocols.constraints import observation
 from ninfer.server import console_units as units
 from ninfer.server.errors import ApiError
 from ninfer.server.metrics import ServerMetrics
@@ -433,9 +432,7 @@ class Telemetry:
                     "fallback_reason": "none",
                 },
             },
-            constraint=record.constraint
-            if record.constraint is not None
-            else _constraint_observation(final, turn),
+            constraint=record.constraint,
             timings_seconds={
                 "prepare": record.submitted - record.received,
                 "ttft": ttft_s,
@@ -533,20 +530,6 @@ def _cache_summary(cached: int, prompt: int) -> str:
     if not cached:
         return "cache 0"
     return f"cache {cached} ({100 * cached // max(prompt, 1)}%, hybrid snapshot)"
-
-
-def _constraint_observation(final: EngineEvent, turn: Any) -> dict[str, Any] | None:
-    """The observation the HTTP result carries (constraints.observation), None unconstrained.
-    Its branch is the one the turn took: tool calls, else content, else undecided."""
-    if final.constraint is None:
-        return None
-    if getattr(turn, "tool_calls", None):
-        branch = "tools"
-    elif getattr(turn, "content", None):
-        branch = "content"
-    else:
-        branch = "undecided"
-    return observation(final.constraint, branch=branch)
 
 
 def _stop_kind(final: EngineEvent) -> str | None:
