@@ -76,6 +76,28 @@ def test_mtp_prefill_and_draft_steps_match_reference(case):
         h, token = h_next, int(logits[0].argmax())
 
 
+def test_the_proposal_head_scores_the_lowest_ids_exactly_as_the_full_head(case):
+    """--lm-head-draft: the head's logits over ids 0..N-1 are the full head's first N columns,
+    through the prefill of pairs and the draft steps that follow."""
+    path, config, _ = case
+    rng = np.random.default_rng(5)
+    hidden = rng.standard_normal((12, config["hidden_size"])).astype(np.float32)
+    tokens = rng.integers(0, config["vocab_size"], 12).tolist()
+    runs = []
+    for proposal in (0, 128):
+        runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2,
+                                   proposal_vocab=proposal)  # fmt: skip
+        logits, normed = runner.forward_mtp(0, 0, tokens, hidden, step=0)
+        steps = [(logits, normed)]
+        for step in range(1, 3):
+            steps.append(runner.forward_mtp(0, 11 + step, [7 * step], steps[-1][1][-1:], step=step))
+        runs.append(steps)
+    for (full, full_h), (part, part_h) in zip(*runs, strict=True):
+        assert full.shape[1] == config["vocab_size"] and part.shape[1] == 128
+        np.testing.assert_array_equal(part, full[:, :128])
+        np.testing.assert_array_equal(part_h, full_h)
+
+
 def test_mtp_rejects_bad_inputs(case):
     path, config, _ = case
     runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2)

@@ -48,6 +48,16 @@ def test_spec_flags_select_the_engine_drafters():
     assert (ngram_only.mtp_draft_tokens, ngram_only.ngram_draft_tokens) == (0, 4)
 
 
+def test_lm_head_draft_selects_the_proposal_head_size():
+    args = parse_args(["m.ninfer", "--spec", "mtp", "--lm-head-draft"])
+    assert engine_config(args).lm_head_draft_tokens == 32768
+    args = parse_args(
+        ["m.ninfer", "--spec", "mtp", "--lm-head-draft", "--lm-head-draft-tokens", "256"]
+    )
+    assert engine_config(args).lm_head_draft_tokens == 256
+    assert engine_config(parse_args(["m.ninfer", "--spec", "mtp"])).lm_head_draft_tokens == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -61,7 +71,13 @@ def test_spec_flags_select_the_engine_drafters():
         (["--ngram-min-match", "3"], "--ngram-min-match must be 4..64"),
         (["--ngram-draft-tokens", "4", "--ngram-archive-mib", "64"],
          "--ngram-archive-mib is not available in this build"),
-        (["--spec", "mtp", "--lm-head-draft"], "--lm-head-draft is not available in this build"),
+        (["--lm-head-draft"], "--lm-head-draft drafts for the MTP head: it requires --spec mtp"),
+        (["--spec", "mtp", "--lm-head-draft-tokens", "256"],
+         "--lm-head-draft-tokens requires --lm-head-draft"),
+        (["--spec", "mtp", "--lm-head-draft", "--lm-head-draft-tokens", "1000"],
+         "--lm-head-draft-tokens must be a positive multiple of 128, got 1000"),
+        (["--spec", "mtp", "--lm-head-draft", "--lm-head-draft-tokens", "0"],
+         "--lm-head-draft-tokens must be a positive multiple of 128"),
     ],
 )  # fmt: skip
 def test_bad_spec_flags_are_refused(argv, message, capsys):
@@ -240,3 +256,76 @@ def test_responses_api_equals_plain_decoding(servers):
 
     plain, spec = servers
     assert respond(spec) == respond(plain)
+
+
+# --- the proposal head, through the three protocols' SDKs, streamed --------------------
+
+
+# A prompt no other test sends: both servers' prefix caches start cold on it, so cached_tokens
+# agree as well.
+DRAFT_PROMPT = "List the planets, then the planets again in reverse order, then once more."
+
+
+@pytest.fixture(scope="module")
+def draft_server(servers, tmp_path_factory):
+    path = make_random_artifact(CONFIG, tmp_path_factory.mktemp("art") / "mtp.ninfer", seed=3,
+                                dtype="f32", tokenizer="synthetic", name=MODEL)  # fmt: skip
+    config = EngineConfig(max_concurrency=2, max_context=512, prefill_chunk=32, threads=1,
+                          mtp_draft_tokens=3, lm_head_draft_tokens=128)  # fmt: skip
+    server = start_server(AsyncEngine.open(path, config), default_max_tokens=24)
+    yield server
+    server.stop()
+
+
+def _streamed_chat(server):
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x")
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": DRAFT_PROMPT}], max_tokens=20,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    text, usage, reasons = [], None, []
+    for chunk in chunks:
+        usage = chunk.usage.model_dump() if chunk.usage else usage
+        for choice in chunk.choices:
+            text.append(
+                (choice.delta.content or "")
+                + (getattr(choice.delta, "reasoning_content", "") or "")
+            )
+            reasons.append(choice.finish_reason)
+    return "".join(text), usage, [r for r in reasons if r]
+
+
+def _streamed_response(server):
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x")
+    events = list(client.responses.create(model=MODEL, input=DRAFT_PROMPT, max_output_tokens=20,
+                                          temperature=0, store=False, stream=True))  # fmt: skip
+    done = events[-1]
+    assert done.type == "response.incomplete"  # max_output_tokens ends it
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == done.response.output_text
+    return [e.type for e in events], done.response.output_text, done.response.usage.model_dump()
+
+
+def _streamed_message(server):
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="x")
+    with client.messages.stream(
+        model=MODEL, max_tokens=20, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": DRAFT_PROMPT}],
+    ) as stream:  # fmt: skip
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    return (
+        kinds,
+        [b.model_dump() for b in final.content],
+        final.usage.model_dump(),
+        final.stop_reason,
+    )
+
+
+def test_the_proposal_head_serves_all_three_protocols_like_plain_decoding(servers, draft_server):
+    plain, _ = servers
+    for ask in (_streamed_chat, _streamed_response, _streamed_message):
+        assert ask(draft_server) == ask(plain), ask.__name__
+    stats = draft_server.engine.stats()
+    assert stats["spec_rounds"] > 0 and stats["spec_draft_tokens"] > 0

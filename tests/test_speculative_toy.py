@@ -195,6 +195,10 @@ def test_speculative_options_are_checked():
         make_engine(ngram_draft_tokens=3, ngram_min_match=3)
     with pytest.raises(ValueError, match="MTP head"):
         make_engine(mtp_draft_tokens=2)
+    with pytest.raises(ValueError, match="it needs mtp_draft_tokens"):
+        make_engine(ngram_draft_tokens=3, lm_head_draft_tokens=128)
+    with pytest.raises(ValueError, match="must not be negative"):
+        make_engine(mtp_draft_tokens=2, lm_head_draft_tokens=-1)
 
 
 def test_ngram_proposals_are_copied_from_the_prompt_and_verified():

@@ -169,9 +169,13 @@ class Backend {
   virtual void copy_to_host(float* dst, const float* src, int64_t elements) = 0;
   // Runs `enqueue` (the op calls of one model step: re-runnable, no host reads or allocation)
   // now. A backend may instead capture it once as a device graph and replay it for later
-  // steps of the same shape; `graphable` is the model's word that the step is pure decode.
-  virtual void run_step(bool graphable, const std::function<void()>& enqueue) {
+  // steps of the same shape; `graphable` is the model's word that the step's op list is fixed
+  // by its sizes (decode and verification steps, not prefill chunks). `variant` tells apart
+  // op lists the staged sizes alone would not (the model's main step and its MTP head, a step
+  // that also emits hidden states): the backend keys its graphs on it too.
+  virtual void run_step(bool graphable, const std::function<void()>& enqueue, int64_t variant = 0) {
     (void)graphable;
+    (void)variant;
     enqueue();
   }
   virtual void synchronize() = 0;

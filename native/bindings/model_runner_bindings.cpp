@@ -25,7 +25,8 @@ namespace {
 class ModelRunner {
  public:
   ModelRunner(const std::string& path, int max_lanes, int max_batch_tokens, int threads, int max_context,
-              const std::string& device, int64_t random_weights_seed, const std::string& random_weights_dtype)
+              const std::string& device, int64_t random_weights_seed, const std::string& random_weights_dtype,
+              int64_t proposal_vocab, int max_verify_tokens, int snapshot_slots)
       : artifact_(Artifact::open(path)), max_context_(max_context) {
     if (max_lanes <= 0 || max_batch_tokens <= 0 || max_context <= 0)
       throw py::value_error("max_lanes, max_batch_tokens and max_context must be positive");
@@ -39,6 +40,9 @@ class ModelRunner {
     options.device = device;
     options.random_weights_seed = random_weights_seed;
     options.random_weights_dtype = random_weights_dtype;
+    options.proposal_vocab = proposal_vocab;
+    options.max_verify_tokens = max_verify_tokens;
+    options.snapshot_slots = snapshot_slots;
     model_ = load_model(*artifact_, *kv_, options);
     lanes_.resize(static_cast<size_t>(max_lanes));
   }
@@ -65,13 +69,19 @@ class ModelRunner {
 
   // The same traversal, but each slice's last row is sampled on the model's device with its
   // row of `rows` (dicts as for _core.sample_rows_host); returns the ids (or -1 / -2 codes).
-  py::array_t<int32_t> forward_batch_sampled(const Slices& items, const py::list& rows) {
+  // With verify, every slice is a speculative verification round: all its rows are sampled
+  // and the model keeps the per-token state history (ModelOptions::max_verify_tokens); every
+  // token counts as accepted (the lane advances by the slice).
+  py::array_t<int32_t> forward_batch_sampled(const Slices& items, const py::list& rows, bool verify) {
     if (!model_->samples_on_device()) throw py::value_error("this model's backend does not sample on its device");
     const SamplingBatch sampling = sampling_batch_from(rows);
     std::vector<int32_t> tokens;
-    const BatchPlan plan = make_plan(items, false, tokens);
-    if (sampling.rows.size() != items.size()) throw py::value_error("one sampling row per slice");
-    py::array_t<int32_t> ids(static_cast<py::ssize_t>(items.size()));
+    BatchPlan plan = make_plan(items, verify, tokens);
+    for (auto& slice : plan.slices) slice.keep_states = verify;
+    const auto wanted = static_cast<size_t>(plan.num_logit_rows());
+    if (sampling.rows.size() != wanted)
+      throw py::value_error(verify ? "one sampling row per token of a verified slice" : "one sampling row per slice");
+    py::array_t<int32_t> ids(static_cast<py::ssize_t>(wanted));
     int32_t* out = ids.mutable_data();
     {
       py::gil_scoped_release release;
@@ -89,7 +99,7 @@ class ModelRunner {
 
   // One MTP draft step (hybrid models, spec §4): slot i pairs hidden_prev[i] (the main model's
   // final-normed hidden at position start_pos + i) with tokens[i]; uses the lane's pages (the
-  // MTP head's own KV layer). Returns (logits [n, vocab], hidden after mtp.norm [n, hidden]).
+  // MTP head's own KV layer). Returns (logits [n, proposal vocab], hidden after mtp.norm [n, hidden]).
   std::tuple<py::array_t<float>, py::array_t<float>> forward_mtp(
       int lane, int start_pos, const std::vector<int32_t>& tokens,
       const py::array_t<float, py::array::c_style | py::array::forcecast>& hidden_prev, int step) {
@@ -114,7 +124,7 @@ class ModelRunner {
     slice.all_logits = true;
     plan.slices.push_back(slice);
     plan.tokens = tokens;
-    py::array_t<float> logits({n, static_cast<py::ssize_t>(info().vocab_size)});
+    py::array_t<float> logits({n, static_cast<py::ssize_t>(head->proposal_vocab())});
     py::array_t<float> hidden({n, h});
     float* logits_out = logits.mutable_data();
     float* hidden_out = hidden.mutable_data();
@@ -124,6 +134,42 @@ class ModelRunner {
       head->forward_mtp(plan, hidden_in, step, logits_out, hidden_out);
     }
     return {logits, hidden};
+  }
+
+  // The engine's MTP pass over a batch: slices (lane, start_pos, tokens) with hidden_prev
+  // [total tokens, hidden] (host), outputs for each slice's last row only: (logits [slices,
+  // proposal vocab], hidden after mtp.norm [slices, hidden]).
+  std::tuple<py::array_t<float>, py::array_t<float>> forward_mtp_batch(
+      const Slices& items, const py::array_t<float, py::array::c_style | py::array::forcecast>& hidden_prev,
+      int step) {
+    auto* head = dynamic_cast<MtpHead*>(model_.get());
+    if (!head) throw py::value_error("this model has no MTP head");
+    std::vector<int32_t> tokens;
+    const BatchPlan plan = make_plan(items, false, tokens);
+    const auto h = static_cast<py::ssize_t>(info().hidden_size);
+    const auto t = static_cast<py::ssize_t>(tokens.size());
+    if (hidden_prev.ndim() != 2 || hidden_prev.shape(0) != t || hidden_prev.shape(1) != h)
+      throw py::value_error("hidden_prev must be [total tokens, hidden_size]");
+    std::vector<int32_t> last_rows;
+    int32_t row = 0;
+    for (const auto& s : plan.slices) last_rows.push_back((row += s.num_tokens) - 1);
+    const auto n = static_cast<py::ssize_t>(last_rows.size());
+    py::array_t<float> logits({n, static_cast<py::ssize_t>(head->proposal_vocab())});
+    py::array_t<float> hidden({n, h});
+    float* logits_out = logits.mutable_data();
+    float* hidden_out = hidden.mutable_data();
+    const float* hidden_in = hidden_prev.data();
+    {
+      py::gil_scoped_release release;
+      head->forward_mtp_rows(plan, hidden_in, step, last_rows, logits_out, hidden_out);
+    }
+    return {logits, hidden};
+  }
+
+  void set_proposal_vocab(int64_t tokens) {
+    auto* head = dynamic_cast<MtpHead*>(model_.get());
+    if (!head) throw py::value_error("this model has no MTP head");
+    head->set_proposal_vocab(tokens);
   }
 
   void reset(int lane) {
@@ -151,6 +197,14 @@ class ModelRunner {
       throw py::value_error("share_prefix: length must be a positive multiple of " + std::to_string(kPageTokens) +
                             " not above the source's " + std::to_string(from.length) + " tokens");
     const int64_t pages = length / kPageTokens;
+    if (model_->has_recurrent_state()) {
+      // A hybrid lane continues from a recurrent state: the source's, through snapshot slot 0
+      // (which needs snapshot_slots >= 1 and the whole of the source's length).
+      if (length != from.length || model_->snapshot_slots() < 1)
+        throw py::value_error("share_prefix on a hybrid model needs snapshot_slots >= 1 and the source's whole length");
+      model_->save_snapshot(src, 0);
+      model_->resume_lane(dst, static_cast<int32_t>(length), 0);
+    }
     to.pages.assign(from.pages.begin(), from.pages.begin() + pages);
     to.borrowed_pages = pages;
     to.borrowed_from = src;
@@ -241,10 +295,12 @@ py::dict info_dict(const ModelInfo& i) {
 
 void bind_model_runner(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
-      .def(py::init<const std::string&, int, int, int, int, const std::string&, int64_t, const std::string&>(),
+      .def(py::init<const std::string&, int, int, int, int, const std::string&, int64_t, const std::string&,
+                    int64_t, int, int>(),
            py::arg("artifact_path"), py::arg("max_lanes") = 1, py::arg("max_batch_tokens") = 512,
            py::arg("threads") = 0, py::arg("max_context") = 2048, py::arg("device") = "cpu",
-           py::arg("random_weights_seed") = -1, py::arg("random_weights_dtype") = "bf16")
+           py::arg("random_weights_seed") = -1, py::arg("random_weights_dtype") = "bf16",
+           py::arg("proposal_vocab") = 0, py::arg("max_verify_tokens") = 0, py::arg("snapshot_slots") = 0)
       .def_property_readonly("info", [](const ModelRunner& r) { return info_dict(r.info()); })
       .def("forward", &ModelRunner::forward, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
            py::arg("all_logits") = false,
@@ -253,11 +309,18 @@ void bind_model_runner(py::module_& m) {
       .def("forward_batch", &ModelRunner::forward_batch, py::arg("slices"), py::arg("all_logits") = false,
            "slices: [(lane, start_pos, tokens)] in one plan; returns logits rows in slice order.")
       .def("forward_batch_sampled", &ModelRunner::forward_batch_sampled, py::arg("slices"), py::arg("rows"),
+           py::arg("verify") = false,
            "As forward_batch, but each slice's next token is sampled on the device with its row of `rows` "
            "(dicts as for sample_rows_host); returns the ids (-1: NaN, -2: nothing selectable).")
       .def("forward_mtp", &ModelRunner::forward_mtp, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
            py::arg("hidden_prev"), py::arg("step") = 0,
            "One MTP head step (hybrid models): returns (logits [n, vocab], hidden after mtp.norm [n, hidden]).")
+      .def("forward_mtp_batch", &ModelRunner::forward_mtp_batch, py::arg("slices"), py::arg("hidden_prev"),
+           py::arg("step") = 0,
+           "The engine's MTP pass over several lanes: (logits [slices, proposal vocab], hidden [slices, hidden]) "
+           "for each slice's last row.")
+      .def("set_proposal_vocab", &ModelRunner::set_proposal_vocab, py::arg("tokens"),
+           "The MTP head scores token ids below `tokens` only (--lm-head-draft); 0 = the full lm_head.")
       .def("reset", &ModelRunner::reset, py::arg("lane"))
       .def("share_prefix", &ModelRunner::share_prefix, py::arg("src"), py::arg("dst"), py::arg("length"),
            "Lane dst starts with src's first `length` tokens (a multiple of 64) on shared pages.");

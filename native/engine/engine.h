@@ -45,6 +45,9 @@ struct SpeculativeOptions {
   int32_t mtp_draft_tokens = 0;    // MTP head proposals per round, 1..5; 0 = no MTP drafting
   int32_t ngram_draft_tokens = 0;  // n-gram copy proposals per round, 1..63; 0 = none
   int32_t ngram_min_match = 12;    // matched suffix tokens an n-gram proposal needs, 4..64
+  // --lm-head-draft: MTP drafts score token ids below this only (ModelOptions::proposal_vocab);
+  // 0 = the full lm_head. Verification always scores the full vocabulary.
+  int32_t lm_head_draft_tokens = 0;
   bool enabled() const { return mtp_draft_tokens > 0 || ngram_draft_tokens > 0; }
   int32_t max_drafts() const { return mtp_draft_tokens > ngram_draft_tokens ? mtp_draft_tokens : ngram_draft_tokens; }
 };

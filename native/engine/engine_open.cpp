@@ -73,6 +73,7 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   const int32_t verify = 1 + options.spec.max_drafts();
   model_options.max_batch_tokens = options.prefill_chunk + options.max_concurrency * verify;
   model_options.max_verify_tokens = options.spec.enabled() ? verify : 0;
+  model_options.proposal_vocab = options.spec.mtp_draft_tokens > 0 ? options.spec.lm_head_draft_tokens : 0;
   model_options.threads = runtime.threads;
   model_options.device = runtime.device;
   model_options.random_weights_seed = runtime.random_weights_seed;

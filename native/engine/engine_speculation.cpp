@@ -27,6 +27,10 @@ std::string speculative_options_problem(const SpeculativeOptions& spec) {
     return "n-gram draft tokens must be between 0 and 63, got " + std::to_string(spec.ngram_draft_tokens);
   if (spec.ngram_min_match < 4 || spec.ngram_min_match > 64)
     return "n-gram min match must be between 4 and 64, got " + std::to_string(spec.ngram_min_match);
+  if (spec.lm_head_draft_tokens < 0)
+    return "the proposal head size must not be negative, got " + std::to_string(spec.lm_head_draft_tokens);
+  if (spec.lm_head_draft_tokens > 0 && spec.mtp_draft_tokens == 0)
+    return "a proposal head (lm_head_draft_tokens) drafts for the MTP head: it needs mtp_draft_tokens";
   return {};
 }
 
@@ -266,7 +270,7 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
   }
   if (plan.slices.empty()) return;
   plan.tokens = tokens;
-  const int64_t vocab = vocab_size_;
+  const int64_t vocab = mtp_->proposal_vocab();  // the columns the head scores (--lm-head-draft)
   try {
     mtp_logits_.resize(last_rows.size() * static_cast<size_t>(vocab));
     mtp_hidden_.resize(last_rows.size() * static_cast<size_t>(h));

@@ -127,6 +127,9 @@ struct ModelOptions {
   int max_batch_tokens = 512;      // largest BatchPlan::tokens.size() the engine will send
   int threads = 0;                 // CPU worker threads; 0 = all cores
   int max_verify_tokens = 0;       // widest keep_states slice (speculative rounds); 0 = none
+  // --lm-head-draft: the MTP head scores only token ids below this (the lowest ids; see
+  // docs/engine.md for why those); 0, or the vocabulary size or more, = the full lm_head.
+  int64_t proposal_vocab = 0;
   int snapshot_slots = 0;          // recurrent-state snapshot slots (hybrid models; prefix cache)
   std::string device = "cpu";      // "cpu" or "cuda[:N]"
   // When >= 0, no weight is read from the artifact (only its header): every weight is made by

@@ -22,6 +22,11 @@ namespace ninfer {
 
 namespace {
 
+// run_step variants (Backend::run_step): op lists that equal staged sizes do not tell apart.
+constexpr int64_t kStepPlain = 0;
+constexpr int64_t kStepWithHidden = 1;  // the main step plus the final norm for the MTP head
+constexpr int64_t kMtpHeadStep = 2;     // + MTP layer + 64 * the scored vocabulary
+
 ModelInfo describe(const Artifact& artifact, const Qwen35Config& cfg) {
   ModelInfo info;
   info.architecture = artifact.architecture();
@@ -133,6 +138,23 @@ class Qwen35Model final : public Model, public MtpHead {
   void snapshot_io(int slot, float* host, bool to_host) override;
 
   int64_t mtp_layers() const override { return cfg_.mtp_layers; }
+  int64_t proposal_vocab() const override { return proposal_head_ ? proposal_head_.rows : cfg_.vocab; }
+  void set_proposal_vocab(int64_t tokens) override {
+    if (tokens < 0) throw std::invalid_argument("the proposal head size must not be negative");
+    if (cfg_.mtp_layers == 0 && tokens > 0) throw std::invalid_argument("this artifact has no MTP head to draft with");
+    if (tokens == 0 || tokens >= cfg_.vocab) {
+      proposal_head_ = {};
+      return;
+    }
+    // Row-major formats make the lowest ids a prefix of the matrix; a block-quantized matrix
+    // keeps its scales per block of rows and is not cut.
+    if (is_block_quantized(lm_head_.dtype))
+      throw std::invalid_argument("--lm-head-draft needs an unquantized lm_head; this artifact's is " +
+                                  std::string(dtype_name(lm_head_.dtype)));
+    if (vocab_parallel_) throw std::invalid_argument("--lm-head-draft does not run under tensor parallelism yet");
+    proposal_head_ = lm_head_;
+    proposal_head_.rows = tokens;
+  }
   void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
                    float* hidden_out) override;
   void forward_mtp_rows(const BatchPlan& plan, const float* hidden_prev, int step, std::span<const int32_t> rows,
@@ -229,6 +251,9 @@ class Qwen35Model final : public Model, public MtpHead {
   std::unique_ptr<Backend> backend_;
 
   Weight embed_, lm_head_;
+  // --lm-head-draft: the MTP head's proposal head, the first options_.proposal_vocab rows of
+  // lm_head_ (a view, no copy); empty when drafting scores the full vocabulary.
+  Weight proposal_head_;
   Buffer final_norm_;
   std::vector<Layer> layers_;
   // MTP head: fc, its norms, and its decoder layers (full attention with the model's MLP type).
@@ -416,6 +441,7 @@ void Qwen35Model::load_weights() {
   if (untied) lm_head_ = matrix("lm_head.weight", cfg_.vocab, h, vocab_rows);
   else lm_head_ = vocab_parallel_ ? matrix("model.embed_tokens.weight", cfg_.vocab, h, vocab_rows) : embed_;
   final_norm_ = zero_centered_norm("model.norm.weight", h);
+  if (cfg_.mtp_layers > 0) set_proposal_vocab(options_.proposal_vocab);
   int64_t kv_layer = 0, gdn_index = 0;
   layers_.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t i = 0; i < cfg_.layers; ++i) {
@@ -764,11 +790,13 @@ int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
   }
   if (plan.hidden_out && cfg_.mtp_layers == 0)
     throw std::invalid_argument("this artifact has no MTP head to read hidden states (hidden_out)");
-  bool verifies = false;
-  for (const auto& s : plan.slices) verifies = verifies || s.keep_states;
-  // A graph replays one fixed op list: steps that also emit hidden states or state history
-  // run eagerly.
-  const bool graphable = plan.single_token_slices() && !plan.hidden_out && !verifies;
+  // A graph replays one fixed op list: decode steps and verification rounds (slices of one
+  // token, or of k + 1 tokens that keep their state history) qualify; a prefill chunk does not.
+  bool graphable = true;
+  for (const auto& s : plan.slices)
+    graphable = graphable && (s.num_tokens == 1 || (s.keep_states && s.num_tokens <= options_.max_verify_tokens));
+  // The hidden states for the MTP head add a norm to the op list (their copy follows the step).
+  const int64_t variant = plan.hidden_out ? kStepWithHidden : kStepPlain;
   b.run_step(graphable, [&] {
     b.embedding(embed_, plan.tokens, hidden_.data());
     for (size_t i = 0; i < layers_.size(); ++i)
@@ -780,7 +808,7 @@ int64_t Qwen35Model::enqueue_step(const BatchPlan& plan) {
     if (!vocab_parallel_) return b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, logits_.data());
     b.matmul(logit_inputs_.data(), rows, lm_head_, nullptr, rank_logits_.data());
     gather_vocabulary(rows);
-  });
+  }, variant);
   return rows;
 }
 
@@ -817,24 +845,34 @@ void Qwen35Model::forward_mtp_rows(const BatchPlan& plan, const float* hidden_pr
   for (int32_t r : rows)
     if (r < 0 || r >= t) throw std::invalid_argument("forward_mtp: output row " + std::to_string(r) + " is outside the plan");
   const auto n = static_cast<int64_t>(rows.size());
+  const int64_t width = proposal_vocab();
+  const Weight& head = proposal_head_ ? proposal_head_ : lm_head_;
+  const auto layer = static_cast<size_t>(step_index % cfg_.mtp_layers);
   Backend& b = *backend_;
   if (logits_.size() < n * cfg_.vocab) {
     logit_inputs_ = b.alloc(n * h);
     logits_ = b.alloc(n * cfg_.vocab);
   }
   if (logit_inputs_.size() < n * h) logit_inputs_ = b.alloc(n * h);
-  b.embedding(embed_, plan.tokens, normed_.data());
-  b.rms_norm(normed_.data(), t, h, mtp_norm_embedding_.data(), cfg_.eps, normed_.data());
-  b.copy_from_host(branch_.data(), hidden_prev, t * h);
-  b.rms_norm(branch_.data(), t, h, mtp_norm_hidden_.data(), cfg_.eps, branch_.data());
-  b.concat_columns(normed_.data(), h, branch_.data(), h, t, mtp_cat_.data());  // embedding first
-  b.matmul(mtp_cat_.data(), t, mtp_fc_, nullptr, hidden_.data());
-  decoder_layer(mtp_layers_[static_cast<size_t>(step_index % cfg_.mtp_layers)], t, step);
-  b.gather_rows(hidden_.data(), h, rows, logit_inputs_.data());
-  b.rms_norm(logit_inputs_.data(), n, h, mtp_norm_.data(), cfg_.eps, logit_inputs_.data());
-  b.matmul(logit_inputs_.data(), n, lm_head_, nullptr, logits_.data());
+  b.copy_from_host(branch_.data(), hidden_prev, t * h);  // before the step: a graph cannot copy pageable memory
+  // Draft steps (one token per lane) and the pass over a round's kept positions replay graphs;
+  // the pass over a prefill chunk runs eagerly.
+  bool graphable = true;
+  for (const auto& s : plan.slices) graphable = graphable && s.num_tokens <= std::max(1, options_.max_verify_tokens);
+  const int64_t variant = kMtpHeadStep + static_cast<int64_t>(layer) + 64 * width;  // the head's rows are baked in
+  b.run_step(graphable, [&] {
+    b.embedding(embed_, plan.tokens, normed_.data());
+    b.rms_norm(normed_.data(), t, h, mtp_norm_embedding_.data(), cfg_.eps, normed_.data());
+    b.rms_norm(branch_.data(), t, h, mtp_norm_hidden_.data(), cfg_.eps, branch_.data());
+    b.concat_columns(normed_.data(), h, branch_.data(), h, t, mtp_cat_.data());  // embedding first
+    b.matmul(mtp_cat_.data(), t, mtp_fc_, nullptr, hidden_.data());
+    decoder_layer(mtp_layers_[layer], t, step);
+    b.gather_rows(hidden_.data(), h, rows, logit_inputs_.data());
+    b.rms_norm(logit_inputs_.data(), n, h, mtp_norm_.data(), cfg_.eps, logit_inputs_.data());
+    b.matmul(logit_inputs_.data(), n, head, nullptr, logits_.data());
+  }, variant);
   b.synchronize();
-  b.copy_to_host(logits, logits_.data(), n * cfg_.vocab);
+  b.copy_to_host(logits, logits_.data(), n * width);
   if (hidden_out) b.copy_to_host(hidden_out, logit_inputs_.data(), n * h);
 }
 

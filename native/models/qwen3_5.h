@@ -31,6 +31,13 @@ class MtpHead {
   // [rows, vocab] and the normed hidden [rows, hidden]. Drafting reads one row per lane.
   virtual void forward_mtp_rows(const BatchPlan& plan, const float* hidden_prev, int step,
                                 std::span<const int32_t> rows, float* logits, float* hidden_out) = 0;
+  // Columns of the logits the two calls above write: the vocabulary, or with --lm-head-draft
+  // (ModelOptions::proposal_vocab) the proposal head's ids 0..proposal_vocab()-1. Drafts are
+  // argmaxes over these columns, so a column index is the token id.
+  virtual int64_t proposal_vocab() const = 0;
+  // Sets it: 0 or the vocabulary size or more = the full lm_head (std::invalid_argument for a
+  // head that cannot be cut). Benchmarks switch it; the engine sets it once at load.
+  virtual void set_proposal_vocab(int64_t tokens) = 0;
 };
 
 std::unique_ptr<Model> make_qwen3_5_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options);

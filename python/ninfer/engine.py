@@ -69,6 +69,7 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         mtp_draft_tokens=config.mtp_draft_tokens,
         ngram_draft_tokens=config.ngram_draft_tokens,
         ngram_min_match=config.ngram_min_match,
+        lm_head_draft_tokens=config.lm_head_draft_tokens,
         kv_capacity=config.kv_capacity,
         vram_headroom_mib=config.vram_headroom_mib,
         prefix_reuse=config.prefix_reuse,

@@ -137,6 +137,8 @@ class EngineConfig:
     mtp_draft_tokens: int = 0  # --spec mtp --draft-tokens; 0 = no MTP drafting
     ngram_draft_tokens: int = 0  # --ngram-draft-tokens; 0 = no n-gram copies
     ngram_min_match: int = 12  # --ngram-min-match
+    # --lm-head-draft: MTP drafts score token ids below this only; 0 = the full lm_head
+    lm_head_draft_tokens: int = 0
     device: str = "cpu"
     kv_capacity: int = 0  # shared KV pool in tokens; 0 = auto (free memory less the headroom)
     vram_headroom_mib: int = 1024  # auto sizing leaves this much free

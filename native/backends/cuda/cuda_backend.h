@@ -106,7 +106,7 @@ class CudaBackend final : public Backend {
   void copy_from_host(float* dst, const float* src, int64_t elements) override;
   void copy_to_host(float* dst, const float* src, int64_t elements) override;
   void synchronize() override;
-  void run_step(bool graphable, const std::function<void()>& enqueue) override;
+  void run_step(bool graphable, const std::function<void()>& enqueue, int64_t variant = 0) override;
   void bind_kv(KvPool& kv) override;
   void kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host) override;
   Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;

@@ -15,7 +15,9 @@ namespace ninfer::cuda {
 
 namespace {
 
-constexpr size_t kMaxGraphs = 64;     // distinct signatures kept; the cache is dropped beyond
+// Distinct signatures kept (the cache is dropped beyond): decode steps per batch size, and with
+// speculation verification rounds per batch size and width plus the MTP head's draft steps.
+constexpr size_t kMaxGraphs = 160;
 constexpr size_t kMaxSeen = 4096;     // signatures remembered for the warm-up rule
 // Dry ops launch nothing; the pointers they get back are never dereferenced.
 const void* const kDryPointer = reinterpret_cast<const void*>(uintptr_t(256));
@@ -71,14 +73,14 @@ const void* CudaBackend::stage(MetadataSlot& slot, const void* data, size_t byte
   return capturing_->device[index];
 }
 
-void CudaBackend::run_step(bool graphable, const std::function<void()>& enqueue) {
+void CudaBackend::run_step(bool graphable, const std::function<void()>& enqueue, int64_t variant) {
   overlap_launches_ = overlap_launches_from_env();
   if (!step_graphs_ || !graphable || !step_graphs_from_env()) {
     enqueue();
     return;
   }
   activate();
-  signature_.clear();
+  signature_.assign(1, variant);
   staged_.clear();
   stage_choice_.clear();
   slot_last_.clear();

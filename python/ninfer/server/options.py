@@ -27,7 +27,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--media-live-mib", True, "media input"),
     ("--media-preprocess-threads", True, "media input"),
     ("--kv-dtype", True, "quantized KV caches"),
-    ("--lm-head-draft", False, "speculative decoding"),
     ("--draft-tree-nodes", True, "speculative decoding"),
     ("--draft-tree-paths", True, "speculative decoding"),
     ("--ngram-archive-mib", True, "n-gram drafting"),

@@ -1,9 +1,9 @@
 """The speculative-decoding flags of ninfer-serve: --spec, --draft-tokens and n-gram drafting.
 
-The MTP head (`--spec mtp`) and n-gram copy drafting are served; DFlash/DFlash2 drafters, the
-reduced proposal head, tree verification and the cross-request n-gram archive are not in
-this build and are refused by name (options.UNAVAILABLE_OPTIONS, and --spec dflash|dflash2
-here).
+The MTP head (`--spec mtp`), its reduced-vocabulary proposal head (`--lm-head-draft`) and
+n-gram copy drafting are served; DFlash/DFlash2 drafters, tree verification and the
+cross-request n-gram archive are not in this build and are refused by name
+(options.UNAVAILABLE_OPTIONS, and --spec dflash|dflash2 here).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ MTP_DRAFTS = (1, 5)
 NGRAM_DRAFTS = (0, 63)
 NGRAM_MIN_MATCH = (4, 64)
 DEFAULT_MTP_DRAFTS = 3
+# The proposal head's default size: the lowest 32,768 token ids (docs/engine.md says why the
+# lowest ids), an eighth of Qwen3.5's 248,320-row lm_head.
+DEFAULT_LM_HEAD_DRAFT_TOKENS = 32768
 
 
 def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +37,21 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"proposals per round of the --spec drafter; MTP {MTP_DRAFTS[0]}..{MTP_DRAFTS[1]} "
         f"(default with --spec mtp: {DEFAULT_MTP_DRAFTS})",
+    )
+    group.add_argument(
+        "--lm-head-draft",
+        action="store_true",
+        help="MTP drafts score a reduced vocabulary (the lowest --lm-head-draft-tokens ids) "
+        "instead of the full lm_head; verification still scores every token, so output is "
+        "unchanged and only acceptance can drop (default: off)",
+    )
+    group.add_argument(
+        "--lm-head-draft-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="token ids the --lm-head-draft proposal head scores, a positive multiple of 128 "
+        f"(default: {DEFAULT_LM_HEAD_DRAFT_TOKENS}; the vocabulary size or more = the full head)",
     )
     group.add_argument(
         "--ngram-draft-tokens",
@@ -73,6 +91,16 @@ def check_speculative_arguments(parser: argparse.ArgumentParser, args: argparse.
             parser.error(
                 f"--draft-tokens must be {low}..{high} with --spec mtp, got {args.draft_tokens}"
             )
+    if args.lm_head_draft and args.spec != "mtp":
+        parser.error("--lm-head-draft drafts for the MTP head: it requires --spec mtp")
+    if args.lm_head_draft_tokens is not None:
+        if not args.lm_head_draft:
+            parser.error("--lm-head-draft-tokens requires --lm-head-draft")
+        if args.lm_head_draft_tokens <= 0 or args.lm_head_draft_tokens % 128:
+            parser.error(
+                "--lm-head-draft-tokens must be a positive multiple of 128, "
+                f"got {args.lm_head_draft_tokens}"
+            )
     low, high = NGRAM_DRAFTS
     if not low <= args.ngram_draft_tokens <= high:
         parser.error(f"--ngram-draft-tokens must be {low}..{high}, got {args.ngram_draft_tokens}")
@@ -87,4 +115,7 @@ def speculative_engine_fields(args: argparse.Namespace) -> dict[str, int]:
         "mtp_draft_tokens": args.draft_tokens if args.spec == "mtp" else 0,
         "ngram_draft_tokens": args.ngram_draft_tokens,
         "ngram_min_match": args.ngram_min_match,
+        "lm_head_draft_tokens": (args.lm_head_draft_tokens or DEFAULT_LM_HEAD_DRAFT_TOKENS)
+        if args.lm_head_draft
+        else 0,
     }
