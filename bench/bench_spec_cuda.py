@@ -266,12 +266,12 @@ def main() -> int:
             (args.out / "spec_bench.json").write_text(partial)  # kept if a later shape fails
             gc.collect()  # the runner's weights go before the next model is made
             torch.cuda.empty_cache()
-            if name == "qwen3.6-27b" and not args.no_ngram:
-                t0 = time.perf_counter()
-                result["ngram_27b"] = ngram_copy_heavy(path, shape["counts"]["vocab"])
-                gc.collect()
-                result["ngram_27b"]["wall_s"] = time.perf_counter() - t0
-                print(f"[ngram] {json.dumps(result['ngram_27b'])}", flush=True)
+        if "qwen3.6-27b" in args.shapes and not args.no_ngram:  # last: the sweeps come first
+            t0 = time.perf_counter()
+            vocab = qwen3_5_preset("qwen3.6-27b")["text_config"]["vocab_size"]
+            result["ngram_27b"] = ngram_copy_heavy(Path(tmp) / "qwen3.6-27b.ninfer", vocab)
+            result["ngram_27b"]["wall_s"] = time.perf_counter() - t0
+            print(f"[ngram] {json.dumps(result['ngram_27b'])}", flush=True)
     result["shapes"] = shapes
     (args.out / "spec_bench.json").write_text(json.dumps(result, indent=1))
     markdown = to_markdown(shapes)
