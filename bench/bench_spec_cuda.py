@@ -104,7 +104,7 @@ def sweep_shape(name: str, bw: float, reps: int, path: Path) -> dict:
     hidden_rows = rng.standard_normal((lanes * (max(KS) + 1), hidden)).astype(np.float32)
     rows = []
     for context in CONTEXTS:
-        for lane in range(lanes):
+        for lane in reversed(range(lanes)):  # the borrowers first, then lane 0 that lends
             runner.reset(lane)
         runner.forward(0, 0, tokens[:context])
         for lane in range(1, lanes):
