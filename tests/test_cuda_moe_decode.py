@@ -255,7 +255,6 @@ def _gpu_against_cpu(path, tmp_path, monkeypatch):
             zip(errors[mode, "model"], errors[mode, "bf16 twin"], strict=True)
         ):
             assert q <= 1.5 * t + 2e-3 * scale, f"{mode} step {step}: {q:.3g} vs twin {t:.3g}"
-            assert q <= 5e-2 * scale, f"{mode} step {step}: {q:.3g} (scale {scale:.3g})"
     for g, e in zip(results["graphs", "model"], results["eager", "model"], strict=True):
         assert np.array_equal(g, e), f"graph replay differs from eager: {np.abs(g - e).max():.3g}"
 

@@ -4,11 +4,9 @@
 // bf16 scratch for the grouped tensor-core GEMMs (prefill: once per layer and chunk).
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
-#include "backends/cuda/launchers_hybrid.h"
 #include "backends/cuda/launchers_moe_decode.h"
 #include "backends/cuda/launchers_quant.h"
 
