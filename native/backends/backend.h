@@ -149,6 +149,18 @@ struct MoeExperts {
   void check(int64_t hidden) const;
 };
 
+// The weights of a sparse MoE MLP with a sigmoid-gated shared expert (Qwen3.5/3.6 MoE), for
+// Backend::moe_mlp_fused.
+struct MoeMlp {
+  const Weight* router = nullptr;       // [num_experts, hidden]
+  const MoeExperts* experts = nullptr;
+  const Weight* shared_gate = nullptr;  // [1, hidden]: the shared expert's gate logit
+  const Weight* gate = nullptr;         // shared expert [shared_ff, hidden]
+  const Weight* up = nullptr;           // shared expert [shared_ff, hidden]
+  const Weight* down = nullptr;         // shared expert [hidden, shared_ff]
+  int64_t shared_ff = 0;
+};
+
 // Backend::kv_page_io for a pool whose storage is in host memory.
 void kv_page_io_host(KvPool& kv, int32_t page, void* host, bool to_host);
 
@@ -277,6 +289,15 @@ class Backend {
   // [tokens, hidden] (overwritten). A backend groups the (token, expert) pairs by expert.
   virtual void moe_experts(const float* x, int64_t tokens, int64_t hidden,
                            const float* router_logits, const MoeExperts& experts, float* out);
+  // out = the whole MoE MLP of x (router, moe_experts, the shared expert and its sigmoid gate,
+  // summed as the separate ops would) in the backend's own fused form, where it has one for
+  // this batch and these weights; returns false (and does nothing) otherwise, and the caller
+  // runs the separate ops. The answer depends only on the shapes, formats and settings, not on
+  // the step mode, so a dry step and its replay agree.
+  virtual bool moe_mlp_fused(const float* x, int64_t tokens, int64_t hidden, const MoeMlp& mlp, float* out) {
+    (void)x, (void)tokens, (void)hidden, (void)mlp, (void)out;
+    return false;
+  }
   // out[r, :] = [a[r, :] | b[r, :]] ([rows, a_cols + b_cols]; the MTP head's fc input).
   virtual void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols,
                               int64_t rows, float* out);

@@ -707,6 +707,11 @@ void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
   float* x = normed_.data();
   float* dense_out = out;
   if (cfg_.moe) {
+    const MoeMlp fused{&L.router, &L.experts, &L.shared_gate, &L.gate, &L.up, &L.down, cfg_.shared_ff};
+    if (b.moe_mlp_fused(x, t, h, fused, out)) {
+      reduce_partial_sums(out, t * h);
+      return;
+    }
     b.matmul(x, t, L.router, nullptr, router_.data());
     b.moe_experts(x, t, h, router_.data(), L.experts, out);
     b.matmul(x, t, L.shared_gate, nullptr, shared_gate_.data());

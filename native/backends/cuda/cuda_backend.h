@@ -144,6 +144,10 @@ class CudaBackend final : public Backend {
                    const MoeExperts& experts, float* out) override;
   void concat_columns(const float* a, int64_t a_cols, const float* b, int64_t b_cols, int64_t rows,
                       float* out) override;
+  // Decode batches (cuda_backend_moe_fused.cpp): router + top-k, the experts' gate/up and the
+  // down projections with the weighted sum and the gated shared expert in three launches, any
+  // of bf16/fp8/nvfp4 weights. Off with NINFER_MOE_FUSED=0 or a forced MoE path other than gemv.
+  bool moe_mlp_fused(const float* x, int64_t tokens, int64_t hidden, const MoeMlp& mlp, float* out) override;
 
   // Sampling on the device (cuda_backend_sampling.cpp): one upload of the rows and lists, the
   // kernel, one download of the ids, one wait.
@@ -180,6 +184,13 @@ class CudaBackend final : public Backend {
   Weight upload_quantized(const TensorView& tensor, int64_t rows, int64_t cols);
   void matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   MoePath moe_path_for(int64_t pairs, int64_t hidden, const MoeExperts& experts) const;
+  // Quantized expert stacks: the routed experts through the fused decode kernels (ids already
+  // routed), or both stacks dequantized into bf16 scratch for the grouped and host paths.
+  bool moe_experts_quantized_gemv(const float* x, int64_t tokens, int64_t hidden, const int32_t* ids_dev,
+                                  const float* route_weights, const MoeExperts& experts, float* out);
+  MoeExperts moe_experts_as_bf16(const MoeExperts& experts);
+  void moe_experts_routed(const float* x, int64_t tokens, int64_t hidden, MoePath path, const int32_t* ids_dev,
+                          const float* route_weights, const MoeExperts& experts, float* out);
   void moe_experts_on_host_plan(const float* x, int64_t tokens, int64_t hidden, const int32_t* ids_dev,
                                 const float* route_weights, const MoeExperts& experts, float* out);
 
@@ -237,6 +248,7 @@ class CudaBackend final : public Backend {
   DeviceScratch gdn_conv_out_, gdn_gates_, gdn_chunk_workspace_, moe_route_, moe_x_, moe_gate_, moe_up_, moe_y_,
       moe_grouped_;
   MetadataSlot gdn_seqs_, moe_plan_;
+  DeviceScratch moe_fused_route_, moe_fused_act_, moe_bf16_gate_up_, moe_bf16_down_;
   // sample_rows: the packed batch and the ids, staged in pinned memory and mirrored on the device
   GrowingBuffer sampling_host_{GrowingBuffer::Where::PinnedHost}, sampling_device_{GrowingBuffer::Where::Device};
   int sample_cluster_blocks_ = 0;

@@ -7,7 +7,9 @@
 // - Host: the ids come to the host (one synchronisation per layer) to group the pairs and run
 //   each used expert's matmuls with cuBLAS; kept for shapes the grouped kernels do not take
 //   (hidden or ff not a multiple of 8) and as the baseline of bench/bench_cuda_moe.py.
-// All three add the weighted expert rows of each token in slot order.
+// All three add the weighted expert rows of each token in slot order. FP8/NVFP4 stacks stay in
+// their stored format: the Gemv path reads them quantized (launchers_moe_decode.h), the other
+// two run on bf16 copies made on the device per call (cuda_backend_moe_fused.cpp).
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -62,12 +64,14 @@ CudaBackend::MoePath CudaBackend::moe_path_for(int64_t pairs, int64_t hidden, co
 
 void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, const float* router_logits,
                               const MoeExperts& experts, float* out) {
-  const int64_t e_count = experts.num_experts, ff = experts.ff, top_k = experts.top_k;
+  const int64_t e_count = experts.num_experts, top_k = experts.top_k;
   experts.check(hidden);
   if (experts.held_experts() != experts.num_experts)
     throw std::invalid_argument("CUDA moe_experts: a subset of the experts (expert parallelism) is not supported yet");
-  if (experts.gate_up.dtype != DType::BF16 || experts.down.dtype != DType::BF16)
-    throw std::invalid_argument("CUDA moe_experts: expert weights must be uploaded by this backend (bf16)");
+  auto stored_here = [](DType t) { return t == DType::BF16 || is_block_quantized(t); };
+  if (!stored_here(experts.gate_up.dtype) || !stored_here(experts.down.dtype))
+    throw std::invalid_argument("CUDA moe_experts: expert weights must be uploaded by this backend (bf16/fp8/nvfp4)");
+  const bool quantized = is_block_quantized(experts.gate_up.dtype) || is_block_quantized(experts.down.dtype);
   fill_zero(out, tokens * hidden);
   if (tokens <= 0) return;
   const int64_t pairs = tokens * top_k;
@@ -81,6 +85,24 @@ void CudaBackend::moe_experts(const float* x, int64_t tokens, int64_t hidden, co
   float* route_weights = route + pairs;
   launch_moe_route_softmax_topk(router_logits, tokens, e_count, top_k, experts.renormalize, ids_dev, route_weights,
                                 stream_);
+  // Decode reads quantized stacks in their stored format (cuda_backend_moe_fused.cpp).
+  if (quantized && path == MoePath::Gemv &&
+      moe_experts_quantized_gemv(x, tokens, hidden, ids_dev, route_weights, experts, out))
+    return;
+  if (quantized) {  // grouped and host paths: bf16 copies of the stacks, made on the device
+    const MoeExperts widened = moe_experts_as_bf16(experts);
+    moe_experts_routed(x, tokens, hidden, path, ids_dev, route_weights, widened, out);
+    return;
+  }
+  moe_experts_routed(x, tokens, hidden, path, ids_dev, route_weights, experts, out);
+}
+
+// The routed experts of bf16 stacks on a path, the ids and weights on the device.
+void CudaBackend::moe_experts_routed(const float* x, int64_t tokens, int64_t hidden, MoePath path,
+                                     const int32_t* ids_dev, const float* route_weights, const MoeExperts& experts,
+                                     float* out) {
+  const int64_t e_count = experts.num_experts, ff = experts.ff, top_k = experts.top_k;
+  const int64_t pairs = tokens * top_k;
   const auto* gate_up_w = static_cast<const uint16_t*>(experts.gate_up.data);
   const auto* down_w = static_cast<const uint16_t*>(experts.down.data);
   if (path == MoePath::Gemv) {

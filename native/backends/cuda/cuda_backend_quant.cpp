@@ -3,8 +3,9 @@
 // Dense weights stay in their stored format on the device: decode-sized batches (m <= 16) run
 // the dequantizing GEMV (W8A16 / W4A16), larger ones dequantize the weight into a bf16 scratch
 // and run the bf16 cuBLAS GEMM (prefill; the weight is read once more than its bf16 twin
-// would be, a few percent of an 8k chunk's time). Expert stacks are dequantized to bf16 at
-// upload: the MoE kernels are bf16 only so far.
+// would be, a few percent of an 8k chunk's time). Expert stacks stay in their stored format
+// too: decode reads them quantized, the grouped prefill GEMMs dequantize them per call
+// (cuda_backend_moe_fused.cpp).
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -36,27 +37,14 @@ Weight CudaBackend::upload_quantized(const TensorView& t, int64_t rows, int64_t 
   if (static_cast<uint64_t>(QuantizedLayout::of(t.dtype, rows, cols, group_rows).nbytes) != t.nbytes)
     throw std::runtime_error("tensor '" + t.name + "': byte size does not match its shape");
   activate();
-  if (group_rows == rows) {
-    void* dst = arena_alloc(t.nbytes);
-    NINFER_CUDA_CHECK(cudaMemcpy(dst, t.data, t.nbytes, cudaMemcpyHostToDevice));
-    return quantized_weight_at(t.dtype, rows, cols, group_rows, dst);
-  }
-  // A stack of expert matrices: decoded to bf16 on the device, one staging copy at a time.
-  void* staging = nullptr;
-  NINFER_CUDA_CHECK(cudaMalloc(&staging, t.nbytes));
-  NINFER_CUDA_CHECK(cudaMemcpy(staging, t.data, t.nbytes, cudaMemcpyHostToDevice));
-  const Weight q = quantized_weight_at(t.dtype, rows, cols, group_rows, staging);
-  auto* dst = static_cast<uint16_t*>(arena_alloc(static_cast<size_t>(rows * cols) * 2));
-  launch_dequantize_bf16(t.dtype == DType::NVFP4, job_of(q, nullptr, nullptr), static_cast<int>(cols), dst, stream_);
-  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  NINFER_CUDA_CHECK(cudaFree(staging));
-  return Weight{DType::BF16, rows, cols, dst};
+  void* dst = arena_alloc(t.nbytes);
+  NINFER_CUDA_CHECK(cudaMemcpy(dst, t.data, t.nbytes, cudaMemcpyHostToDevice));
+  return quantized_weight_at(t.dtype, rows, cols, group_rows, dst);
 }
 
 Weight CudaBackend::random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t group_rows,
                                             uint64_t seed, float scale) {
-  // Expert stacks run bf16 (see upload_quantized): make them bf16 straight away.
-  if (!is_block_quantized(dtype) || group_rows < rows) return random_weight(rows, cols, seed, scale);
+  if (!is_block_quantized(dtype)) return random_weight(rows, cols, seed, scale);
   if (const std::string problem = quantized_shape_problem(dtype, cols); !problem.empty())
     throw std::invalid_argument("random_quantized_weight: " + problem);
   activate();
