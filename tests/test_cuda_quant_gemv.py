@@ -134,7 +134,7 @@ def ring_stages_x(dtype, rt, m, k):
     tile_rows = 8 << rt
     stage_row = 1024 if tile_rows == 8 else 512
     stage = tile_rows * (stage_row + (64 if nvfp4 else 16) + (stage_row // 8 if nvfp4 else 0))
-    head = 128 + 4 * (tile_rows // 8) * 4 * 32 * 4
+    head = 256 + 4 * (tile_rows // 8) * 4 * 32 * 4
     return head + m * (k + 8) * 2 + 3 * stage <= 227 * 1024
 
 

@@ -33,7 +33,7 @@ if ! timeout 60 python3 -m pytest -m gpu tests/test_cuda_quant_gemv.py -q -p no:
   status=1
 fi
 echo "== benchmark"
-timeout "${GEMV_BENCH_TIMEOUT:-170}" python3 bench/bench_cuda_quant.py --out "$out" --dtypes fp8,nvfp4 --steps 8 \
+NINFER_QUANT_GEMV_DEBUG=1 timeout "${GEMV_BENCH_TIMEOUT:-170}" python3 bench/bench_cuda_quant.py --out "$out" --dtypes fp8,nvfp4 --steps 8 \
   $([ -z "${NINFER_QUANT_GEMV_VARIANT:-}" ] && echo --pick-fastest) --contexts "1024:1,4,8,16;8192:1,4,8,16" ${GEMV_BENCH_ARGS:-} 2>&1 |
   tee "$out/bench.log" | grep -vE "^- |^gemv " | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -19,9 +19,11 @@
 //
 // Stage s of a tile holds bytes [s·kStageRowBytes, (s+1)·kStageRowBytes) of each of its rows
 // (rows padded so that the lanes of a quarter warp hit distinct banks) and, for NVFP4, the
-// matching e4m3 group scales. Every warp waits for the stage's mbarrier, consumes its units,
-// the block synchronizes, and warp 0 refills the slot `slots` items ahead. The weights depend
-// on no earlier kernel, so the first items are issued before wait_for_prerequisite_grids().
+// matching e4m3 group scales. A producer warp issues the copies (one per row and stage) as
+// soon as a slot is free; each of the 4 consumer warps waits for the slot's full barrier,
+// consumes its units and arrives on the slot's empty barrier, with no block-wide barrier in
+// the stream (the consumers meet only at a tile's end, for its deterministic reduction). The
+// weights depend on no earlier kernel: the producer never waits for the prerequisite grids.
 #pragma once
 
 #include "backends/cuda/kernels_gemv_quant_staged.cuh"
@@ -30,7 +32,8 @@ namespace ninfer::cuda::kernels {
 
 template <bool kNvfp4, int kRowTiles>
 struct RingShape {
-  static constexpr int kWarps = 4, kThreads = 32 * kWarps, kMaxSlots = 16;
+  // kWarps consumer warps and one producer warp (the last).
+  static constexpr int kWarps = 4, kThreads = 32 * (kWarps + 1), kMaxSlots = 16;
   static constexpr int kTileRows = 8 * kRowTiles;
   static constexpr int kStageRowBytes = kTileRows == 8 ? 1024 : 512;  // codes of one row per stage
   static constexpr int kUnitBytes = kNvfp4 ? 64 : 128;                // 128 k
@@ -42,7 +45,7 @@ struct RingShape {
   static constexpr int kScalePitch = kNvfp4 ? kStageRowBytes / 8 : 0;  // e4m3 per 16 k
   static constexpr int kStageBytes = kTileRows * (kRowPitch + kScalePitch);
   static constexpr int kValues = kRowTiles * 4 * 32;                // a warp's partial sums of a tile
-  static constexpr int kHeadBytes = 128 + kWarps * kValues * 4;      // mbarriers, partial sums
+  static constexpr int kHeadBytes = 256 + kWarps * kValues * 4;      // mbarriers, partial sums
   static_assert(kUnitsPerWarp >= 1 && kUnitsPerStage % kWarps == 0);
 };
 
@@ -76,6 +79,16 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
         : "r"(smem_address(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
+// The consumer warps' own barrier (named barrier 1; the producer warp takes no part).
+template <int kConsumerThreads>
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
 }
 
 // bytes (a multiple of 16, both addresses 16-byte aligned) from global to this block's shared
@@ -144,8 +157,9 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
   using S = RingShape<kNvfp4, kRowTiles>;
   constexpr int kTileRows = S::kTileRows, kWarps = S::kWarps, kValues = S::kValues;
   extern __shared__ __align__(128) uint8_t ring_smem[];
-  auto* full = reinterpret_cast<uint64_t*>(ring_smem);
-  auto* partial = reinterpret_cast<float*>(ring_smem + 128);
+  auto* full = reinterpret_cast<uint64_t*>(ring_smem);        // slot filled (producer's expect_tx)
+  auto* empty = reinterpret_cast<uint64_t*>(ring_smem + 128);  // slot consumed (one arrival a warp)
+  auto* partial = reinterpret_cast<float*>(ring_smem + 256);
   uint8_t* ring = ring_smem + S::kHeadBytes;
   auto* xs = reinterpret_cast<uint16_t*>(ring + slots * S::kStageBytes);
 
@@ -158,7 +172,7 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
   const int items = my_tiles * num_stages;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < slots; ++s) mbarrier_init(&full[s], 1);
+    for (int s = 0; s < slots; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -172,8 +186,8 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
     return (tile - table.first_tile[jj]) * kTileRows;
   };
 
-  // Warp 0: item `item` (a stage of every row of a tile) into its slot (rows past the end
-  // re-read the last row: valid memory, never stored).
+  // The producer warp: item `item` (a stage of every row of a tile) into its slot (rows past
+  // the end re-read the last row: valid memory, never stored).
   auto issue = [&](int item) {
     const int slot = item % slots, stage = item % num_stages, offset = stage * S::kStageRowBytes;
     int jj;
@@ -197,18 +211,25 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
   };
 
   allow_dependent_launch();
-  if (warp == 0)
-    for (int i = 0; i < min(slots, items); ++i) issue(i);
+  if (warp == kWarps) {
+    // Weights depend on no earlier kernel: no wait for the prerequisite grids here. A slot is
+    // refilled once every consumer warp has arrived on its empty barrier.
+    for (int i = 0; i < items; ++i) {
+      if (i >= slots) mbarrier_wait_parity(&empty[i % slots], static_cast<uint32_t>(i / slots - 1) & 1u);
+      issue(i);
+    }
+    return;
+  }
   wait_for_prerequisite_grids();
 
   if constexpr (kStagedX) {
     const int per_row = k / 8, xs_stride = k + 8;
-    for (int i = threadIdx.x; i < m * per_row; i += S::kThreads) {
+    for (int i = threadIdx.x; i < m * per_row; i += 32 * kWarps) {
       const int r = i / per_row, c = (i - r * per_row) * 8;
       *reinterpret_cast<uint4*>(xs + r * xs_stride + c) =
           load_x8_staged_f16<kNvfp4>(x + static_cast<int64_t>(r) * k + c);
     }
-    __syncthreads();
+    consumers_sync<32 * kWarps>();
   }
   const bool x_lo_live = group < m, x_hi_live = kWide && group + 8 < m;
   const uint16_t* xs_lo = xs + min(group, m - 1) * (k + 8) + 32 * tig;
@@ -314,17 +335,17 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
         }
       }
     }
-    __syncthreads();  // every warp is done with the slot (and, at a tile's end, with partial)
-    if (warp == 0 && item + slots < items) issue(item + slots);
+    __syncwarp();  // this warp is done with the slot
+    if (lane == 0) mbarrier_arrive(&empty[slot]);
     if (stage == num_stages - 1) {
-      // The tile's sums in warp order (deterministic). The next tile writes partial only
-      // after its own last stage, past at least one more barrier.
+      // The tile's sums in warp order (deterministic); the second barrier keeps a warp that
+      // runs ahead from writing the next tile's partial sums before these are read.
 #pragma unroll
       for (int t = 0; t < kRowTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) partial[warp * kValues + (t * 4 + i) * 32 + lane] = acc[t][i];
-      __syncthreads();
-      for (int idx = threadIdx.x; idx < 16 * kTileRows; idx += S::kThreads) {
+      consumers_sync<32 * kWarps>();
+      for (int idx = threadIdx.x; idx < 16 * kTileRows; idx += 32 * kWarps) {
         const int n = idx / kTileRows, r = idx % kTileRows, row = row0 + r;
         if (n >= m || row >= job.rows) continue;
         const int value = accumulator_index(n, r);
@@ -337,6 +358,7 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
         float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
         *out = table.accumulate ? *out + sum : sum;
       }
+      consumers_sync<32 * kWarps>();
     }
   }
 }

@@ -110,6 +110,10 @@ void launch_ring_kernel(const kernels::QuantGemvTable& table, const float* x, in
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if (!bit || !(opted_in.load(std::memory_order_acquire) & bit)) {
     NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_per_block()));
+    // All of the unified L1 as shared memory, so that the blocks the occupancy count promises
+    // fit (left to itself the driver may pick a smaller carveout: one block an SM).
+    NINFER_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     opted_in.fetch_or(bit, std::memory_order_acq_rel);
   }
   const size_t x_bytes = kStagedX ? kernels::staged_x_bytes(m, k) : 0;
@@ -122,6 +126,12 @@ void launch_ring_kernel(const kernels::QuantGemvTable& table, const float* x, in
   // Persistent: as many blocks as the SMs hold at once (each loops over its tiles).
   const int tiles = table.first_tile[table.num_jobs];
   const dim3 grid(static_cast<unsigned int>(std::max(1, std::min(tiles, std::max(1, per_sm) * sm_count()))));
+  if (const char* debug = std::getenv("NINFER_QUANT_GEMV_DEBUG"); debug && *debug == '1') {
+    static std::atomic<size_t> last{0};
+    if (last.exchange(smem) != smem)
+      std::fprintf(stderr, "gemv_quant_ring rows %d x%d wide %d m %d k %d: smem %zu, %d slots, %d blocks/SM, grid %u\n",
+                   S::kTileRows, kStagedX ? 1 : 0, kWide ? 1 : 0, m, k, smem, slots, per_sm, grid.x);
+  }
   launch_overlapped(overlap, grid, dim3(S::kThreads), smem, stream, kernel, table, x, m, k, slots);
 }
 
@@ -149,6 +159,23 @@ int default_ring_variant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, int
   // (x fragments are reused over 4 row tiles); x staged wherever it fits.
   const int rt = m > 8 && rows16 >= 6 * sms ? 2 : rows16 >= 3 * sms ? 1 : 0;
   return kRingFirstVariant + 2 * rt + (ring_stages_x(nvfp4, rt, m, k) ? 1 : 0);
+}
+
+// The fastest variant per 27B decode shape (format, m, k, rows of the launch), measured by
+// bench/bench_cuda_quant.py on the H200 (bench/RESULTS.md, 2026-12-02); other shapes take
+// default_ring_variant's rule.
+struct MeasuredChoice {
+  bool nvfp4;
+  int m, k, rows, variant;
+};
+constexpr MeasuredChoice kMeasured[] = {
+#include "backends/cuda/gemv_quant_measured.inc"
+};
+
+int measured_variant(bool nvfp4, int m, int k, int64_t rows) {
+  for (const MeasuredChoice& c : kMeasured)
+    if (c.nvfp4 == nvfp4 && c.m == m && c.k == k && c.rows == rows) return c.variant;
+  return 0;
 }
 
 // The variant forced for this launch, or 0: NINFER_QUANT_GEMV_VARIANT=N for every launch, or
@@ -235,13 +262,18 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
   if (variant == 0) {
     int64_t rows = 0;
     for (int j = 0; j < num_jobs; ++j) rows += jobs[j].rows;
-    const int forced = forced_variant(nvfp4, m, k, rows);
-    const bool forced_ok = forced > 0 && forced < kRingFirstVariant + kRingVariants &&
-                           (forced < 12 || (forced < 14 && staged_fits(m, k)) ||
-                            (forced >= kRingFirstVariant && ring_fits(nvfp4, jobs, num_jobs, k) &&
-                             ((forced - kRingFirstVariant) % 2 == 0 ||
-                              ring_stages_x(nvfp4, (forced - kRingFirstVariant) / 2, m, k))));
-    variant = forced_ok ? forced : default_ring_variant(nvfp4, jobs, num_jobs, m, k, rows16);
+    // Whether variant v takes this launch (the checks below, which throw for a forced one).
+    auto applies = [&](int v) {
+      if (v <= 0 || v >= kRingFirstVariant + kRingVariants || v == 14 || v == 15) return false;
+      if (v == 12 || v == 13) return staged_fits(m, k);
+      if (v < kRingFirstVariant) return true;
+      return ring_fits(nvfp4, jobs, num_jobs, k) &&
+             ((v - kRingFirstVariant) % 2 == 0 || ring_stages_x(nvfp4, (v - kRingFirstVariant) / 2, m, k));
+    };
+    const int forced = forced_variant(nvfp4, m, k, rows), measured = measured_variant(nvfp4, m, k, rows);
+    variant = applies(forced)     ? forced
+              : applies(measured) ? measured
+                                  : default_ring_variant(nvfp4, jobs, num_jobs, m, k, rows16);
     if (variant < 0) variant = 0;
   }
   if (variant >= kRingFirstVariant) {
