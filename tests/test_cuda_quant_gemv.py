@@ -98,9 +98,9 @@ def run_case(kernels, dtype, m, k, shapes, *, accumulate=False, variant=0, slice
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
 @pytest.mark.parametrize("k", [5120, 17408, 2048, 96])
-# 4, 8: the general kernel with software pipelining off, on; 0: the launcher's choice (the
-# ring kernel where it applies); 13: the staged kernel with 16-row tiles; 16-21: the ring
-# kernel (8-, 16-, 32-row tiles; x converted per warp, or staged in shared memory)
+# 4, 8: the general kernel with software pipelining off, on; 0: the launcher's choice; 13:
+# the staged kernel with 16-row tiles; 16-21: the ring kernel (8-, 16-, 32-row tiles; x
+# converted per warp, or staged in shared memory)
 @pytest.mark.parametrize("variant", [0, 4, 8, 13, *RING_VARIANTS])
 def test_gemv_matches_float64(kernels, dtype, m, k, variant):
     if dtype == "nvfp4" and k % 32:

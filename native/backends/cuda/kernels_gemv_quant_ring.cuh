@@ -9,6 +9,13 @@
 // keeps `slots` stages (8-20 KB each) in flight, issued by one instruction per weight row and
 // stage, whatever the consumers do.
 //
+// Measured (H200, bench/RESULTS.md 2026-12-02): that premise did not hold. With 4 blocks an SM
+// and 4 slots (10+ MB in flight over the chip) this kernel reads FP8 at m = 1 at ~57 % of the
+// copy rate, below the register-loading kernels (~60-64 %), so bytes in flight are not what
+// limits either; one bulk copy per 512-1024-byte row and stage is the suspect (a 2D tensor
+// map would move a whole stage in one copy). Where it wins is m = 8-16: x staged once per
+// block, or reused over 32-row tiles (launchers_gemv_quant.cu takes it there).
+//
 // The arithmetic is the staged kernel's: fp16 mma, e4m3x2 → f16x2 in one cvt (exact), e2m1 ×
 // its e4m3 group scale exact in f16 (here by bit placement instead of a table, below), x
 // rounded to bf16 then f16 of x · 2^-8 (the 2^8 goes back in f32). x is staged once per block

@@ -152,12 +152,14 @@ void launch_ring(const kernels::QuantGemvTable& table, const float* x, int m, in
 // NINFER_QUANT_GEMV_VARIANT=N (read at each launch, so a benchmark can switch) forces variant
 // N wherever it applies.
 int default_ring_variant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, int m, int k, int64_t rows16) {
-  if (!ring_fits(nvfp4, jobs, num_jobs, k)) return -1;
-  const int64_t sms = sm_count();
-  // 16-row tiles where they are many, 8-row tiles for the long-row shapes (down_proj,
-  // out_proj: 320 tiles of 16 rows on 132 SMs), 32-row tiles for m > 8 where there are enough
-  // (x fragments are reused over 4 row tiles); x staged wherever it fits.
-  const int rt = m > 8 && rows16 >= 6 * sms ? 2 : rows16 >= 3 * sms ? 1 : 0;
+  // Measured on the H200 (bench/RESULTS.md, 2026-12-02): at m <= 8 the register-loading
+  // kernels match or beat the ring kernel, which reads at most ~57 % of the copy rate with
+  // 10+ MB in flight (so bytes in flight are not its limit; the suspect is one bulk copy per
+  // 512-1024-byte row and stage), so only m > 8 takes it by default, where x staged once per
+  // block (or reused over 32-row tiles) wins: 32-row tiles where there are enough of them,
+  // else 16-row, x staged where it fits.
+  if (m <= 8 || !ring_fits(nvfp4, jobs, num_jobs, k)) return -1;
+  const int rt = rows16 >= 6 * sm_count() ? 2 : 1;
   return kRingFirstVariant + 2 * rt + (ring_stages_x(nvfp4, rt, m, k) ? 1 : 0);
 }
 

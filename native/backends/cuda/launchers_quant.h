@@ -31,9 +31,11 @@ void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const
 // which variant 0 takes where x fits its shared memory. 16-21: the ring kernel
 // (kernels_gemv_quant_ring.cuh: weights streamed by the bulk-copy engine through shared
 // memory), 16 + 2·r + s with tiles of 8·2^r rows (r = 0, 1, 2) and x staged in shared memory
-// (s = 1, m <= 8) or converted by each warp (s = 0); variant 0 takes a ring form wherever its
-// alignment rules hold (NVFP4: k % 256 == 0). NINFER_QUANT_GEMV_VARIANT=N makes variant 0 take
-// variant N wherever N applies (benchmarks).
+// (s = 1, where x fits beside 3 stages) or converted by each warp (s = 0); it needs 16-byte
+// aligned rows and, for NVFP4, k % 256 == 0. Variant 0 takes the variant measured fastest for
+// the 27B decode shapes (gemv_quant_measured.inc), else the ring kernel for m > 8, else the
+// general/staged rule. NINFER_QUANT_GEMV_VARIANT=N makes variant 0 take variant N wherever N
+// applies; NINFER_QUANT_GEMV_TABLE="fmt/m/k/rows=N,..." does so per shape (benchmarks).
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap_previous, cudaStream_t stream);
 
