@@ -66,26 +66,45 @@ def step_weight_bytes(cfg: dict, dtype: str) -> float:
     return total
 
 
+# Launcher variants timed per shape and m (launchers_quant.h): the register-loading general
+# kernel, the staged fp16 kernel, the ring kernel (8/16/32-row tiles, x per warp or staged in
+# shared memory) and the launcher's own choice.
+GEMV_FORMS = [
+    ("general", 4),
+    ("staged", 12),
+    ("ring8", 16),
+    ("ring8-x", 17),
+    ("ring16", 18),
+    ("ring16-x", 19),
+    ("ring32", 20),
+    ("ring32-x", 21),
+    ("auto", 0),
+]
+
+
 def gemv_rates(bw: float, dtypes: list[str]) -> list[dict]:
-    """Each shape with software pipelining off and on (launcher variants 4 and 8)."""
+    """Each shape, m and form that applies (a form that does not take the shape raises)."""
     gemv = _core.CudaQuantGemv(0)
     rows = []
+    forms = [f for f in GEMV_FORMS if f[0] in os.environ.get("GEMV_FORMS", f[0])]
     for dtype in dtypes:
         for name, weights, k in GEMV_SHAPES_27B:
             for m in (1, 4, 8, 16):
-                # the general kernel without / with software pipelining, and the launcher's
-                # choice (the staged fp16 kernel where it applies)
-                for form, variant in (("general", 4), ("pipelined", 8), ("auto", 0)):
-                    pipelined = form == "pipelined"
-                    ms, nbytes = gemv.time_gemv(dtype, weights, k, m, variant, 20)
+                for form, variant in forms:
+                    try:
+                        ms, nbytes = gemv.time_gemv(dtype, weights, k, m, variant, 20)
+                    except (ValueError, RuntimeError):
+                        continue
                     sec = float(np.median(ms)) * 1e-3
                     rows.append(
                         {
                             "dtype": dtype,
                             "shape": name,
+                            "rows": sum(weights),
+                            "k": k,
                             "m": m,
-                            "pipelined": pipelined,
                             "form": form,
+                            "variant": variant,
                             "us": sec * 1e6,
                             "tb_s": nbytes / sec / 1e12,
                             "ratio": nbytes / sec / bw,
@@ -100,19 +119,26 @@ def gemv_rates(bw: float, dtypes: list[str]) -> list[dict]:
     return rows
 
 
-def pick_pipelining(rows: list[dict]) -> bool:
-    """The faster form over the batch-1 shapes (the decode figure that matters most)."""
-    on = sum(r["us"] for r in rows if r["m"] == 1 and r["form"] == "pipelined")
-    off = sum(r["us"] for r in rows if r["m"] == 1 and r["form"] == "general")
-    return on <= off
+def fastest_forms(rows: list[dict]) -> dict[str, int]:
+    """The fastest explicit variant per (format, m, k, rows): NINFER_QUANT_GEMV_TABLE's keys."""
+    best: dict[str, tuple[float, int]] = {}
+    for r in rows:
+        if r["variant"] == 0:
+            continue
+        key = f"{r['dtype']}/{r['m']}/{r['k']}/{r['rows']}"
+        if key not in best or r["us"] < best[key][0]:
+            best[key] = (r["us"], r["variant"])
+    return {key: variant for key, (_, variant) in best.items()}
 
 
-def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict:
+def run_model(
+    name: str, dtype: str, bw: float, rate: float, steps: int, plan: list[tuple[int, list[int]]]
+) -> dict:
     cfg = qwen3_5_preset(name)
     counts = shape_counts(cfg)
     weight_bytes = step_weight_bytes(cfg, dtype)
-    plan = [(1024, [1, 4, 8, 16]), (8192, [1, 4])]
-    lanes = 16
+    lanes = max(max(b) for _, b in plan)
+    max_ctx = max(8192, *(c for c, _ in plan))  # prefill 8192 too
     out: dict = {"shape": name, "dtype": dtype, "weight_gb_per_step": weight_bytes / 1e9}
     with tempfile.TemporaryDirectory() as tmp:
         path = write_bf16_artifact(Path(tmp) / "shape.ninfer", cfg, None)
@@ -121,7 +147,7 @@ def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict
             str(path),
             max_lanes=lanes,
             max_batch_tokens=16384,
-            max_context=8192 + 8 * (steps + 4) + 64,
+            max_context=max_ctx + 8 * (steps + 4) + 64,
             device="cuda",
             random_weights_seed=1,
             random_weights_dtype=dtype,
@@ -133,7 +159,7 @@ def run_model(name: str, dtype: str, bw: float, rate: float, steps: int) -> dict
         flush=True,
     )
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, counts["vocab"], size=8192 + 8).tolist()
+    tokens = rng.integers(0, counts["vocab"], size=max(max_ctx, 8192) + 8).tolist()
 
     runner.forward(0, 0, tokens[:256])
     runner.reset(0)
@@ -231,6 +257,9 @@ def to_markdown(result: dict) -> str:
             f"{r['us']:.1f} | "
             f"{r['tb_s']:.2f} | {100 * r['ratio']:.1f}% |"
         )
+    if result.get("gemv_table"):
+        lines += ["", "Fastest variant per shape (NINFER_QUANT_GEMV_TABLE of the model runs):", ""]
+        lines += [f"- {key}: {variant}" for key, variant in result["gemv_table"].items()]
     for model in result["models"]:
         lines += [
             "",
@@ -264,6 +293,15 @@ def main() -> int:
     parser.add_argument("--shape", default="qwen3.6-27b")
     parser.add_argument("--skip-gemv", action="store_true")
     parser.add_argument("--gemv-only", action="store_true", help="the GEMV rates, no model runs")
+    parser.add_argument(
+        "--pick-fastest",
+        action="store_true",
+        help="run the models with the fastest GEMV variant per measured shape "
+        "(NINFER_QUANT_GEMV_TABLE) instead of the launcher's own choice",
+    )
+    parser.add_argument(
+        "--contexts", default="1024:1,4,8,16;8192:1,4", help="decode plan: ctx:batches;..."
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dtypes = args.dtypes.split(",")
@@ -278,14 +316,18 @@ def main() -> int:
     print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s", flush=True)
     if not args.skip_gemv:
         result["gemv"] = gemv_rates(bw, [d for d in dtypes if d != "bf16"])
-        result["pipelined"] = pick_pipelining(result["gemv"])
-        os.environ["NINFER_QUANT_GEMV_PIPELINE"] = "1" if result["pipelined"] else "0"
-        print(
-            f"model runs with the GEMV software pipelining {'on' if result['pipelined'] else 'off'}"
-        )
+        if args.pick_fastest:
+            table = fastest_forms(result["gemv"])
+            result["gemv_table"] = table
+            os.environ["NINFER_QUANT_GEMV_TABLE"] = ",".join(f"{k}={v}" for k, v in table.items())
+            print(f"model runs with the fastest GEMV per shape: {table}", flush=True)
     for dtype in [] if args.gemv_only else dtypes:
         try:
-            result["models"].append(run_model(args.shape, dtype, bw, rate, args.steps))
+            plan = [
+                (int(c), [int(b) for b in bs.split(",")])
+                for c, bs in (part.split(":") for part in args.contexts.split(";"))
+            ]
+            result["models"].append(run_model(args.shape, dtype, bw, rate, args.steps, plan))
         except Exception as exc:  # keep the other formats' figures
             print(f"[{args.shape} {dtype}] FAILED: {type(exc).__name__}: {exc}", flush=True)
             result.setdefault("failures", []).append(f"{dtype}: {exc}")

@@ -11,6 +11,8 @@ the same artifact. GPU machine only.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,7 @@ pytestmark = [
     pytest.mark.skipif(_core.cuda_device_count() == 0, reason="no CUDA device (or no CUDA build)"),
 ]
 
+RING_VARIANTS = (16, 17, 18, 19, 20, 21)
 QUANTIZE = {"fp8": quantize_fp8, "nvfp4": quantize_nvfp4}
 DEQUANTIZE = {"fp8": dequantize_fp8, "nvfp4": dequantize_nvfp4}
 
@@ -48,6 +51,15 @@ def make_weight(rng, dtype, experts, rows, k, scale=0.05):
     return blob, DEQUANTIZE[dtype](blob, w.shape).reshape(experts * rows, k)
 
 
+@functools.lru_cache(maxsize=64)
+def cached_weight(dtype, experts, rows, k, index):
+    """make_weight of a seed of its own: quantizing in numpy is the slow part of these tests
+    (seconds at k = 17408), so the cases that share a weight shape share the weight; x, bias
+    and outputs stay fresh per case."""
+    rng = np.random.default_rng([20261202, experts, rows, k, index, dtype == "nvfp4"])
+    return make_weight(rng, dtype, experts, rows, k)
+
+
 def run_case(kernels, dtype, m, k, shapes, *, accumulate=False, variant=0, slices=None):
     """shapes: per job (experts, rows per expert); slices: per job (first, count) or None."""
     rng = np.random.default_rng([20261201, m, k, len(shapes), variant, int(accumulate)])
@@ -55,7 +67,7 @@ def run_case(kernels, dtype, m, k, shapes, *, accumulate=False, variant=0, slice
     blobs, geometry, refs, biases, outs = [], [], [], [], []
     x64 = bf16_round(x).astype(np.float64)
     for j, (experts, rows) in enumerate(shapes):
-        blob, dense = make_weight(rng, dtype, experts, rows, k)
+        blob, dense = cached_weight(dtype, experts, rows, k, j)
         total = experts * rows
         first, count = slices[j] if slices else (0, total)
         bias = rng.standard_normal(count).astype(np.float32) if j % 2 == 0 else None
@@ -86,14 +98,15 @@ def run_case(kernels, dtype, m, k, shapes, *, accumulate=False, variant=0, slice
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
 @pytest.mark.parametrize("k", [5120, 17408, 2048, 96])
-# 4, 8: the general kernel with software pipelining off, on; 0: the launcher's choice (the
-# staged fp16 kernel where it applies); 13: the staged kernel with 16-row tiles
-@pytest.mark.parametrize("variant", [0, 4, 8, 13])
+# 4, 8: the general kernel with software pipelining off, on; 0: the launcher's choice; 13:
+# the staged kernel with 16-row tiles; 16-21: the ring kernel (8-, 16-, 32-row tiles; x
+# converted per warp, or staged in shared memory)
+@pytest.mark.parametrize("variant", [0, 4, 8, 13, *RING_VARIANTS])
 def test_gemv_matches_float64(kernels, dtype, m, k, variant):
     if dtype == "nvfp4" and k % 32:
         k = 128
-    if variant == 13 and not staged_fits(m, k):
-        pytest.skip("x does not fit the staged kernel's shared memory")
+    if not variant_applies(variant, dtype, m, k):
+        pytest.skip("the variant does not take this m/k")
     run_case(kernels, dtype, m, k, [(1, 203)], variant=variant)
 
 
@@ -102,8 +115,31 @@ def staged_fits(m, k):
     return m <= 8 and m * (k + 8) * 2 <= 44 * 1024
 
 
+def variant_applies(variant, dtype, m, k):
+    """launchers_gemv_quant.cu's rules: the staged kernel as staged_fits; the ring kernel
+    needs k % 256 == 0 for NVFP4, and its staged-x forms x as f16 beside 3 stages in the
+    227 KB of shared memory a Hopper block may opt into."""
+    if variant in (12, 13):
+        return staged_fits(m, k)
+    if variant in RING_VARIANTS:
+        if dtype == "nvfp4" and k % 256:
+            return False
+        return variant % 2 == 0 or ring_stages_x(dtype, (variant - 16) // 2, m, k)
+    return True
+
+
+def ring_stages_x(dtype, rt, m, k):
+    """kernels_gemv_quant_ring.cuh's RingShape and ring_slots: head + x + 3 stages fit."""
+    nvfp4 = dtype == "nvfp4"
+    tile_rows = 8 << rt
+    stage_row = 1024 if tile_rows == 8 else 512
+    stage = tile_rows * (stage_row + (64 if nvfp4 else 16) + (stage_row // 8 if nvfp4 else 0))
+    head = 256 + 4 * (tile_rows // 8) * 4 * 32 * 4
+    return head + m * (k + 8) * 2 + 3 * stage <= 227 * 1024
+
+
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("variant", [12, 13])
+@pytest.mark.parametrize("variant", [12, 13, 16, 17, 19, 20])
 def test_staged_kernel_with_large_activations_and_several_jobs(kernels, dtype, variant):
     # |x| beyond f16's range (65504) before the kernel's 2^-8, and tiny values that land on
     # f16's subnormal grid after it
@@ -129,10 +165,10 @@ def test_staged_kernel_with_large_activations_and_several_jobs(kernels, dtype, v
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("variant", [1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13])
+@pytest.mark.parametrize("variant", [1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13, *RING_VARIANTS])
 def test_tile_variants_and_several_jobs(kernels, dtype, variant):
     run_case(kernels, dtype, 3, 5120, [(1, 384), (1, 37), (1, 1), (1, 130)], variant=variant)
-    m = 8 if variant >= 12 else 12  # the staged kernel takes m <= 8
+    m = 8 if variant in (12, 13) else 12  # the staged kernel takes m <= 8
     run_case(kernels, dtype, m, 1024, [(1, 256), (1, 72)], variant=variant, accumulate=True)
 
 
@@ -142,6 +178,30 @@ def test_expert_rows_of_a_stack(kernels, dtype):
     # slice that starts inside an expert and crosses into the next
     run_case(kernels, dtype, 4, 512, [(4, 96), (4, 96)], slices=[(192, 96), (150, 90)])
     run_case(kernels, dtype, 4, 512, [(4, 96), (4, 96)], slices=[(192, 96), (150, 90)], variant=12)
+    for variant in (17, 18):
+        run_case(
+            kernels,
+            dtype,
+            4,
+            512,
+            [(4, 96), (4, 96)],
+            slices=[(192, 96), (150, 90)],
+            variant=variant,
+        )
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+def test_ring_kernel_picks_by_shape_and_env(kernels, dtype, monkeypatch):
+    # variant 0 under NINFER_QUANT_GEMV_VARIANT / _TABLE takes the named variant where it
+    # applies (the benchmark's per-shape winners) and its own choice elsewhere
+    monkeypatch.setenv("NINFER_QUANT_GEMV_TABLE", f"{dtype}/2/1024/72=20,{dtype}/2/1024/9=4")
+    run_case(kernels, dtype, 2, 1024, [(1, 72)])
+    run_case(kernels, dtype, 2, 1024, [(1, 9)])
+    monkeypatch.setenv("NINFER_QUANT_GEMV_VARIANT", "13")
+    run_case(kernels, dtype, 12, 1024, [(1, 40)])  # 13 does not take m = 12: the default
+    run_case(kernels, dtype, 3, 1024, [(1, 40)])
+    monkeypatch.setenv("NINFER_QUANT_GEMV_VARIANT", "21")
+    run_case(kernels, dtype, 16, 2048, [(1, 40), (1, 24)])
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])

@@ -1,12 +1,16 @@
 // Launchers of the FP8/NVFP4 weight kernels (see launchers_quant.h).
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <stdexcept>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_gemv_quant.cuh"
 #include "backends/cuda/kernels_gemv_quant_staged.cuh"
+#include "backends/cuda/kernels_gemv_quant_ring.cuh"
 #include "backends/cuda/launch_overlapped.h"
 #include "backends/cuda/launchers_quant.h"
 #include "common/dtype.h"
@@ -46,6 +50,149 @@ void launch_staged(const kernels::QuantGemvTable& table, const float* x, int m, 
   const dim3 grid(static_cast<unsigned int>(table.first_tile[table.num_jobs])), block(32 * 4);
   launch_overlapped(overlap, grid, block, kernels::staged_x_bytes(m, k), stream,
                     kernels::gemv_quant_staged<kNvfp4, kRowTiles, 4>, table, x, m, k);
+}
+
+// The ring kernel (kernels_gemv_quant_ring.cuh). Its copies need 16-byte aligned rows and,
+// for NVFP4, group-scale rows of a multiple of 16 bytes (k % 256 == 0).
+constexpr int kRingFirstVariant = 16, kRingVariants = 6;
+constexpr int kRingMinSlots = 3, kRingSlots = 4;
+// x staged beyond this: one block per SM, given as many slots as the rest of shared memory takes.
+constexpr size_t kRingSharedXBytes = 48 * 1024;
+
+bool ring_fits(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, int k) {
+  if (nvfp4 && k % 256 != 0) return false;
+  for (int j = 0; j < num_jobs; ++j) {
+    if (reinterpret_cast<uintptr_t>(jobs[j].codes) % 16 != 0) return false;
+    if (nvfp4 && reinterpret_cast<uintptr_t>(jobs[j].scales) % 16 != 0) return false;
+  }
+  return true;
+}
+
+int current_device() {
+  int device = 0;
+  NINFER_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+int max_shared_per_block() {
+  int bytes = 0;
+  NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
+  return bytes;
+}
+
+// The ring's slots for x staged (x_bytes > 0) or not, or 0 where fewer than kRingMinSlots fit.
+template <bool kNvfp4, int kRowTiles>
+int ring_slots(size_t x_bytes) {
+  using S = kernels::RingShape<kNvfp4, kRowTiles>;
+  const size_t room = static_cast<size_t>(max_shared_per_block());
+  const size_t fixed = S::kHeadBytes + x_bytes;
+  if (fixed + kRingMinSlots * S::kStageBytes > room) return 0;
+  if (x_bytes <= kRingSharedXBytes) return kRingSlots;
+  return static_cast<int>(std::min<size_t>(S::kMaxSlots, (room - fixed) / S::kStageBytes));
+}
+
+int ring_slots_for(bool nvfp4, int rt, size_t x_bytes) {
+  if (nvfp4) return rt == 0 ? ring_slots<true, 1>(x_bytes) : rt == 1 ? ring_slots<true, 2>(x_bytes) : ring_slots<true, 4>(x_bytes);
+  return rt == 0 ? ring_slots<false, 1>(x_bytes) : rt == 1 ? ring_slots<false, 2>(x_bytes) : ring_slots<false, 4>(x_bytes);
+}
+
+bool ring_stages_x(bool nvfp4, int rt, int m, int k) {
+  return ring_slots_for(nvfp4, rt, kernels::staged_x_bytes(m, k)) > 0;
+}
+
+template <bool kNvfp4, int kRowTiles, bool kStagedX, bool kWide>
+void launch_ring_kernel(const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap,
+                        cudaStream_t stream) {
+  auto* kernel = kernels::gemv_quant_ring<kNvfp4, kRowTiles, kStagedX, kWide>;
+  const int device = current_device();
+  // Above 48 KB a kernel needs the opt-in, once per device (a bit per device).
+  static std::atomic<uint64_t> opted_in{0};
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (!bit || !(opted_in.load(std::memory_order_acquire) & bit)) {
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_per_block()));
+    // All of the unified L1 as shared memory, so that the blocks the occupancy count promises
+    // fit (left to itself the driver may pick a smaller carveout: one block an SM).
+    NINFER_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const size_t x_bytes = kStagedX ? kernels::staged_x_bytes(m, k) : 0;
+  const int slots = ring_slots<kNvfp4, kRowTiles>(x_bytes);
+  if (slots == 0) throw std::invalid_argument("launch_gemv_quant: x does not fit the ring kernel's shared memory");
+  const size_t smem = kernels::ring_smem_bytes<kNvfp4, kRowTiles>(slots, x_bytes);
+  using S = kernels::RingShape<kNvfp4, kRowTiles>;
+  int per_sm = 0;
+  NINFER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, S::kThreads, smem));
+  // Persistent: as many blocks as the SMs hold at once (each loops over its tiles).
+  const int tiles = table.first_tile[table.num_jobs];
+  const dim3 grid(static_cast<unsigned int>(std::max(1, std::min(tiles, std::max(1, per_sm) * sm_count()))));
+  if (const char* debug = std::getenv("NINFER_QUANT_GEMV_DEBUG"); debug && *debug == '1') {
+    static std::atomic<size_t> last{0};
+    if (last.exchange(smem) != smem)
+      std::fprintf(stderr, "gemv_quant_ring rows %d x%d wide %d m %d k %d: smem %zu, %d slots, %d blocks/SM, grid %u\n",
+                   S::kTileRows, kStagedX ? 1 : 0, kWide ? 1 : 0, m, k, smem, slots, per_sm, grid.x);
+  }
+  launch_overlapped(overlap, grid, dim3(S::kThreads), smem, stream, kernel, table, x, m, k, slots);
+}
+
+template <bool kNvfp4, int kRowTiles>
+void launch_ring(const kernels::QuantGemvTable& table, const float* x, int m, int k, bool staged_x, bool overlap,
+                 cudaStream_t stream) {
+  if (staged_x && m > 8)
+    launch_ring_kernel<kNvfp4, kRowTiles, true, true>(table, x, m, k, overlap, stream);
+  else if (staged_x)
+    launch_ring_kernel<kNvfp4, kRowTiles, true, false>(table, x, m, k, overlap, stream);
+  else if (m > 8)
+    launch_ring_kernel<kNvfp4, kRowTiles, false, true>(table, x, m, k, overlap, stream);
+  else
+    launch_ring_kernel<kNvfp4, kRowTiles, false, false>(table, x, m, k, overlap, stream);
+}
+
+// The ring form the launcher takes by default (variant 0), or -1 for the older kernels.
+// NINFER_QUANT_GEMV_VARIANT=N (read at each launch, so a benchmark can switch) forces variant
+// N wherever it applies.
+int default_ring_variant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, int m, int k, int64_t rows16) {
+  // Measured on the H200 (bench/RESULTS.md, 2026-12-02): at m <= 8 the register-loading
+  // kernels match or beat the ring kernel, which reads at most ~57 % of the copy rate with
+  // 10+ MB in flight (so bytes in flight are not its limit; the suspect is one bulk copy per
+  // 512-1024-byte row and stage), so only m > 8 takes it by default, where x staged once per
+  // block (or reused over 32-row tiles) wins: 32-row tiles where there are enough of them,
+  // else 16-row, x staged where it fits.
+  if (m <= 8 || !ring_fits(nvfp4, jobs, num_jobs, k)) return -1;
+  const int rt = rows16 >= 6 * sm_count() ? 2 : 1;
+  return kRingFirstVariant + 2 * rt + (ring_stages_x(nvfp4, rt, m, k) ? 1 : 0);
+}
+
+// The fastest variant per 27B decode shape (format, m, k, rows of the launch), measured by
+// bench/bench_cuda_quant.py on the H200 (bench/RESULTS.md, 2026-12-02); other shapes take
+// default_ring_variant's rule.
+struct MeasuredChoice {
+  bool nvfp4;
+  int m, k, rows, variant;
+};
+constexpr MeasuredChoice kMeasured[] = {
+#include "backends/cuda/gemv_quant_measured.inc"
+};
+
+int measured_variant(bool nvfp4, int m, int k, int64_t rows) {
+  for (const MeasuredChoice& c : kMeasured)
+    if (c.nvfp4 == nvfp4 && c.m == m && c.k == k && c.rows == rows) return c.variant;
+  return 0;
+}
+
+// The variant forced for this launch, or 0: NINFER_QUANT_GEMV_VARIANT=N for every launch, or
+// NINFER_QUANT_GEMV_TABLE="fmt/m/k/rows=N,..." (fmt fp8|nvfp4, rows: the launch's rows summed
+// over its jobs) for the shapes it names (a benchmark's per-shape winners).
+int forced_variant(bool nvfp4, int m, int k, int64_t rows) {
+  if (const char* v = std::getenv("NINFER_QUANT_GEMV_VARIANT"); v && *v) return std::atoi(v);
+  const char* table = std::getenv("NINFER_QUANT_GEMV_TABLE");
+  if (!table || !*table) return 0;
+  char key[64];
+  const int n = std::snprintf(key, sizeof key, "%s/%d/%d/%lld=", nvfp4 ? "nvfp4" : "fp8", m, k,
+                              static_cast<long long>(rows));
+  for (const char* p = table; (p = std::strstr(p, key)) != nullptr; p += n)
+    if (p == table || p[-1] == ',') return std::atoi(p + n);
+  return 0;
 }
 
 // The default of the software-pipelined form: NINFER_QUANT_GEMV_PIPELINE=0|1 (read at each
@@ -103,7 +250,7 @@ unsigned int grid_for(int64_t n) {
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap, cudaStream_t stream) {
   if (num_jobs < 1 || num_jobs > kQuantGemvMaxJobs || m < 1 || m > 16 || k % (nvfp4 ? 32 : 16) != 0 ||
-      variant < 0 || variant >= 14)
+      variant < 0 || variant >= kRingFirstVariant + kRingVariants || variant == 14 || variant == 15)
     throw std::invalid_argument("launch_gemv_quant: unsupported jobs/m/k");
   kernels::QuantGemvTable table{};
   table.num_jobs = num_jobs;
@@ -113,6 +260,42 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
     if (jobs[j].rows < 1 || jobs[j].group_rows < 1) throw std::invalid_argument("launch_gemv_quant: a weight without rows");
     table.job[j] = jobs[j];
     rows16 += (jobs[j].rows + 15) / 16;
+  }
+  if (variant == 0) {
+    int64_t rows = 0;
+    for (int j = 0; j < num_jobs; ++j) rows += jobs[j].rows;
+    // Whether variant v takes this launch (the checks below, which throw for a forced one).
+    auto applies = [&](int v) {
+      if (v <= 0 || v >= kRingFirstVariant + kRingVariants || v == 14 || v == 15) return false;
+      if (v == 12 || v == 13) return staged_fits(m, k);
+      if (v < kRingFirstVariant) return true;
+      return ring_fits(nvfp4, jobs, num_jobs, k) &&
+             ((v - kRingFirstVariant) % 2 == 0 || ring_stages_x(nvfp4, (v - kRingFirstVariant) / 2, m, k));
+    };
+    const int forced = forced_variant(nvfp4, m, k, rows), measured = measured_variant(nvfp4, m, k, rows);
+    variant = applies(forced)     ? forced
+              : applies(measured) ? measured
+                                  : default_ring_variant(nvfp4, jobs, num_jobs, m, k, rows16);
+    if (variant < 0) variant = 0;
+  }
+  if (variant >= kRingFirstVariant) {
+    const int v = variant - kRingFirstVariant, rt = v / 2;
+    const bool staged_x = v % 2 == 1;
+    if (!ring_fits(nvfp4, jobs, num_jobs, k) || (staged_x && !ring_stages_x(nvfp4, rt, m, k)))
+      throw std::invalid_argument("launch_gemv_quant: m/k/alignment unsupported by the ring kernel variant");
+    const int tile_rows = 8 << rt;
+    table.first_tile[0] = 0;
+    for (int j = 0; j < num_jobs; ++j)
+      table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + tile_rows - 1) / tile_rows;
+    auto go = [&](auto nvfp4_tag) {
+      constexpr bool kNvfp4 = decltype(nvfp4_tag)::value;
+      if (rt == 0) launch_ring<kNvfp4, 1>(table, x, m, k, staged_x, overlap, stream);
+      if (rt == 1) launch_ring<kNvfp4, 2>(table, x, m, k, staged_x, overlap, stream);
+      if (rt == 2) launch_ring<kNvfp4, 4>(table, x, m, k, staged_x, overlap, stream);
+    };
+    nvfp4 ? go(std::true_type{}) : go(std::false_type{});
+    NINFER_CUDA_CHECK_LAUNCH();
+    return;
   }
   // m <= 2: 8-row tiles (twice the blocks: more loads in flight, x costs little). Larger m:
   // 16-row tiles (x is read once per 16 weight rows), and when those are few (long rows:

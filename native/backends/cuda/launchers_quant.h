@@ -28,7 +28,14 @@ void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const
 // (0 = the launcher's choice, 1 = 8-row tiles, 2 = 16-row tiles of 4 warps, 3 = 16-row tiles
 // of 8 warps), variant / 4 the software pipelining (0 = default, 1 = off, 2 = on); 12 and 13:
 // the staged fp16 kernel for m <= 8 (kernels_gemv_quant_staged.cuh) with 8- and 16-row tiles,
-// which variant 0 takes where x fits its shared memory.
+// which variant 0 takes where x fits its shared memory. 16-21: the ring kernel
+// (kernels_gemv_quant_ring.cuh: weights streamed by the bulk-copy engine through shared
+// memory), 16 + 2·r + s with tiles of 8·2^r rows (r = 0, 1, 2) and x staged in shared memory
+// (s = 1, where x fits beside 3 stages) or converted by each warp (s = 0); it needs 16-byte
+// aligned rows and, for NVFP4, k % 256 == 0. Variant 0 takes the variant measured fastest for
+// the 27B decode shapes (gemv_quant_measured.inc), else the ring kernel for m > 8, else the
+// general/staged rule. NINFER_QUANT_GEMV_VARIANT=N makes variant 0 take variant N wherever N
+// applies; NINFER_QUANT_GEMV_TABLE="fmt/m/k/rows=N,..." does so per shape (benchmarks).
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap_previous, cudaStream_t stream);
 

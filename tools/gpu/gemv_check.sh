@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine: the FP8/NVFP4 decode GEMVs (issue 14). Builds, records the ring
+# kernels' registers and local memory (spills), runs bench/bench_cuda_quant.py (every GEMV
+# variant at the 27B decode shapes for m = 1/4/8/16, then the 27B shape end to end in fp8 and
+# nvfp4 with the fastest variant per shape: prefill 8k, decode b1/4/8/16 at 1k and 8k, floors
+# and the b1 per-kernel breakdown), then the quantized-weight GPU tests (every kernel variant
+# against float64, the quantized model against the CPU backend). Everything lands in OUT_DIR.
+#   usage: tools/gpu/gemv_check.sh OUT_DIR
+#   GEMV_BENCH_TIMEOUT / GEMV_TEST_TIMEOUT (s), GEMV_BENCH_ARGS: extra benchmark arguments.
+set -uo pipefail
+out=${1:?usage: tools/gpu/gemv_check.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1
+status=0
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm --format=csv >"$out/machine.txt" 2>&1
+# shellcheck source=tools/gpu/common.sh
+source tools/gpu/common.sh
+install_wheels
+build_extension "$out/build.log" || exit 1
+so=$(ls build/gpu/_core*.so)
+cuobjdump -res-usage "$so" 2>/dev/null | grep -A1 "gemv_quant_ring" | grep -oE "REG:[0-9]+ STACK:[0-9]+ SHARED:[0-9]+ LOCAL:[0-9]+" |
+  sort | uniq -c >"$out/ring_resources.txt"
+echo "== ring kernels (count, registers, stack, static shared, local)"
+cat "$out/ring_resources.txt"
+echo "== smoke: every GEMV variant on a few shapes"
+if ! timeout 60 python3 -m pytest -m gpu tests/test_cuda_quant_gemv.py -q -p no:cacheprovider -o addopts="" \
+  -k "tile_variants" 2>&1 | tee "$out/smoke.log" | tail -5; then
+  # a broken (or hung) ring kernel: measure the older kernels only, and run the models on them
+  echo "smoke FAILED: the benchmark times the older kernels only"
+  export GEMV_FORMS="general,staged" NINFER_QUANT_GEMV_VARIANT=4
+  status=1
+fi
+echo "== benchmark"
+NINFER_QUANT_GEMV_DEBUG=1 timeout "${GEMV_BENCH_TIMEOUT:-170}" python3 bench/bench_cuda_quant.py --out "$out" --dtypes fp8,nvfp4 --steps 8 \
+  $([ -z "${NINFER_QUANT_GEMV_VARIANT:-}" ] && echo --pick-fastest) --contexts "1024:1,4,8,16;8192:1,4,8,16" ${GEMV_BENCH_ARGS:-} 2>&1 |
+  tee "$out/bench.log" | grep -vE "^- |^gemv " | tail -40
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== quantized-weight GPU tests"
+timeout "${GEMV_TEST_TIMEOUT:-100}" python3 -m pytest -m gpu tests/test_cuda_quant_gemv.py -q -rs -p no:cacheprovider \
+  -o addopts="" 2>&1 | tee "$out/tests.log" | grep -vE "^$|^[.s]+ *(\[|$)" | tail -25
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit "$status"
