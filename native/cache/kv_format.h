@@ -136,6 +136,8 @@ inline float amax_of(const float* x, int64_t n) {
 // and the row scale. An all-zero row has scale 0 and zero codes.
 inline void quantize_row(KvDType t, const float* x, int64_t head_dim, uint8_t* codes, uint8_t* groups,
                          float* scale) {
+  if (head_dim <= 0 || head_dim % kKvGroup != 0)
+    throw std::invalid_argument("quantize_row: head_dim must be a positive multiple of 16");
   const float amax = amax_of(x, head_dim);
   switch (t) {
     case KvDType::FP8: {
