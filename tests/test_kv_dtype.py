@@ -278,3 +278,19 @@ def test_unknown_kv_formats_are_refused(capsys) -> None:
     with pytest.raises(SystemExit):
         parse_args(["model.ninfer", "--kv-dtype", "fp16"])
     assert "expected one of bf16, fp8, int8, nvfp4, got 'fp16'" in capsys.readouterr().err
+
+
+def test_the_served_model_reports_its_kv_format(artifact: Path) -> None:
+    import asyncio
+
+    from ninfer.engine import AsyncEngine
+
+    async def open_and_close() -> dict:
+        config = EngineConfig(max_context=512, threads=1, kv_dtype="nvfp4")
+        engine = AsyncEngine.open(artifact, config)
+        info = dict(engine.model_info)
+        await engine.close()
+        return info
+
+    info = asyncio.run(open_and_close())
+    assert info["kv_dtype"] == "nvfp4"  # /v1/models meta and server_start formats.kv read it
