@@ -4,8 +4,9 @@ The host codec against a float64 rebuild of each format (tests/kv_formats.py); t
 the pool, the host tier and the cache file count; attention over a quantized pool against a
 float64 reference on the dequantized values (tight) and against the unquantized values (the
 format's error, bounds below); tiny random Llama and Qwen3.5 hybrid models run with each
-format against bf16 KV (logit KL bounds below, greedy decoding sane); prefix-cache hits equal
-cold prefills with the same format; the cache file records the format; the server flag.
+format against bf16 KV (logit KL bounds below, greedy decoding sane); prefix-cache hits, also
+through the host tier, equal cold prefills with the same format; speculative rollback; tensor-
+parallel ranks; the cache file records the format; the server flag.
 """
 
 from __future__ import annotations
@@ -251,6 +252,29 @@ def test_tensor_parallel_ranks_quantize_their_heads_alike(tmp_path: Path) -> Non
         logits.append(_logits(run_one(engine, _prompt(8, 40, 512), 6, **GREEDY)))
         engine.shutdown()
     np.testing.assert_allclose(logits[1], logits[0], rtol=0, atol=1e-5 * np.abs(logits[0]).max())
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "nvfp4"])
+def test_host_tier_round_trip_of_quantized_blocks(artifact: Path, kv_dtype: str) -> None:
+    # A 150-token prompt, a 400-token one that pushes its blocks out of the 512-token pool to
+    # the host tier, the first again: its blocks come back as the format's bytes.
+    first_prompt, other = _prompt(3, 150), _prompt(4, 400)
+    cold_engine = _engine(artifact, prefix_reuse=False, kv_dtype=kv_dtype)
+    cold = run_one(cold_engine, first_prompt, 6, **GREEDY)
+    cold_engine.shutdown()
+    engine = _engine(artifact, kv_capacity=512, host_context_bytes=64 << 20, kv_dtype=kv_dtype)
+    run_one(engine, first_prompt, 6, **GREEDY)
+    run_one(engine, other, 6, **GREEDY)
+    hit = run_one(engine, first_prompt, 6, **GREEDY)
+    stats = engine.stats(check_cache=True)
+    engine.shutdown()
+    assert hit.final.cached_tokens == 128 and hit.tokens == cold.tokens
+    assert stats["host_tier"]["block_restores"] >= 1
+    assert stats["cache_problem"] == ""
+    if "llama" in artifact.name:
+        assert np.array_equal(_logits(hit), _logits(cold))
+    else:
+        np.testing.assert_allclose(_logits(hit), _logits(cold), atol=2e-4, rtol=0)
 
 
 def test_the_cache_file_records_the_kv_format(artifact: Path, tmp_path: Path) -> None:
