@@ -47,7 +47,7 @@ IMPLEMENTED = [
     "--log-stats-panel", "--log-colours", "--request-log-jsonl", "--request-log-max-mib",
     "--request-log-keep", "--response-store-max-records", "--response-store-max-mib",
     "--no-cuda-graph",
-    "--load-format",
+    "--load-format", "--kv-dtype",
 ]  # fmt: skip
 
 
@@ -101,7 +101,6 @@ def test_later_feature_flags_are_refused(flag, takes_value, feature, capsys):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--kv-dtype", "bf16"],
         ["--rope-yarn-factor", "1"],
         ["--ngram-archive-mib", "0"],
         ["--vision-offload", "off"],
@@ -115,8 +114,7 @@ def test_refused_features_accept_values_that_change_nothing(argv):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--kv-dtype", "fp8"], ["--ngram-archive-mib", "8"], ["--kv-dtype"],
-     ["--rope-yarn-factor", "4"]],
+    [["--ngram-archive-mib", "8"], ["--rope-yarn-factor", "4"]],
 )  # fmt: skip
 def test_refused_features_still_refuse_values_that_ask_for_them(argv, capsys):
     with pytest.raises(SystemExit):
@@ -138,8 +136,8 @@ def test_spec_off_and_zero_ngram_drafts_are_ordinary_values_that_disable_specula
 
 def test_no_op_options_are_named_at_startup(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ninfer.server")
-    main([str(tmp_path / "missing.ninfer"), "--kv-dtype", "bf16", "--log-level", "off"])
-    assert "accepted `--kv-dtype bf16`" in caplog.text
+    main([str(tmp_path / "missing.ninfer"), "--rope-yarn-factor", "1", "--log-level", "off"])
+    assert "accepted `--rope-yarn-factor 1`" in caplog.text
 
 
 def test_no_cuda_graph_reaches_the_backend_switch(monkeypatch):

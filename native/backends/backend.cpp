@@ -12,13 +12,13 @@ void kv_page_io_host(KvPool& kv, int32_t page, void* host, bool to_host) {
   if (!kv.has_storage() || kv.storage().device != "cpu")
     throw std::runtime_error("kv_page_io: the KV pool's storage is not in host memory");
   if (page < 0 || page >= kv.num_pages()) throw std::out_of_range("kv_page_io: page outside the pool");
-  const size_t element = static_cast<size_t>(row_bytes(kv.storage().dtype, 1));
-  const size_t piece = static_cast<size_t>(kv.page_elems()) * element;
+  const int64_t element = row_bytes(kv.storage().dtype, 1);
+  const auto piece = static_cast<size_t>(kv.region_bytes(element));
   auto* base = static_cast<std::byte*>(kv.storage().memory.get());
   auto* at = static_cast<std::byte*>(host);
   for (int64_t layer = 0; layer < kv.num_layers(); ++layer)
     for (int which = 0; which < 2; ++which, at += piece) {
-      std::byte* stored = base + static_cast<size_t>(kv.page_offset(layer, page, which)) * element;
+      std::byte* stored = base + kv.region_offset(layer, page, which, element);
       if (to_host) std::memcpy(at, stored, piece);
       else std::memcpy(stored, at, piece);
     }

@@ -204,12 +204,12 @@ class CudaOps {
   void paged_attention(py::array q, const std::vector<py::array>& keys, const std::vector<py::array>& values,
                        const std::vector<std::tuple<int, int, std::vector<int32_t>>>& slices, int64_t num_pages,
                        float scale, py::array out, const std::string& path, int splits,
-                       int prefill_kv_stages) {
+                       int prefill_kv_stages, const std::string& kv_dtype, py::object read_pages) {
     if (keys.size() != slices.size() || values.size() != slices.size() || keys.empty())
       throw py::value_error("need one key and one value history per slice");
     if (q.ndim() != 3) throw py::value_error("q must be [rows, heads, head_dim]");
     const int64_t nh = q.shape(1), hd = q.shape(2), nkv = keys[0].shape(1);
-    KvPool pool(num_pages, 1, nkv, hd);
+    KvPool pool(num_pages, 1, nkv, hd, kv_dtype_from_name(kv_dtype));
     Mirror qd(backend_, q, "q"), od(backend_, out, "out");
     std::vector<AttentionSlice> plan;
     int32_t row = 0;
@@ -239,6 +239,13 @@ class CudaOps {
     }
     reset();
     od.download();
+    if (!read_pages.is_none()) {  // called with the pool's pages as stored (codes and scales of a quantized one)
+      const int64_t bytes = pool.page_bytes(2);
+      py::array_t<uint8_t> stored({num_pages, bytes});
+      for (int64_t pg = 0; pg < num_pages; ++pg)
+        backend_.kv_page_io(pool, static_cast<int32_t>(pg), stored.mutable_data(pg), true);
+      read_pages(stored);
+    }
   }
 
   // Median device time (ms) of the prefill attention kernel alone for one slice of `tokens`
@@ -424,7 +431,8 @@ void bind_cuda(py::module_& m) {
            py::arg("reps") = 10)
       .def("paged_attention", &CudaOps::paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"),
            py::arg("slices"), py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("path") = "auto",
-           py::arg("splits") = 0, py::arg("prefill_kv_stages") = 0)
+           py::arg("splits") = 0, py::arg("prefill_kv_stages") = 0, py::arg("kv_dtype") = "bf16",
+           py::arg("read_pages") = py::none())
       .def("time_prefill_attention", &CudaOps::time_prefill_attention, py::arg("start"), py::arg("tokens"),
            py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
            py::arg("prefill_kv_stages") = 0, py::arg("reps") = 10);

@@ -111,6 +111,7 @@ py::dict stats_dict(const EngineStats& s) {
   d["kv_pages_free"] = s.kv_pages_free;
   d["kv_pages_cached"] = s.kv_pages_cached;
   d["kv_capacity_tokens"] = s.kv_capacity_tokens;
+  d["kv_page_bytes"] = s.kv_page_bytes;
   d["paused"] = s.paused;
   d["pauses"] = s.pauses;
   d["replay_restores"] = s.replay_restores;
@@ -218,8 +219,13 @@ EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t pre
                            int64_t kv_capacity, int64_t vram_headroom_mib, bool prefix_reuse, int32_t snapshot_slots,
                            int32_t taps_per_request, int32_t tap_ladder, int32_t tap_min_gap,
                            int32_t mtp_draft_tokens, int32_t ngram_draft_tokens, int32_t ngram_min_match,
-                           int64_t host_context_bytes, int32_t lm_head_draft_tokens) {
+                           int64_t host_context_bytes, int32_t lm_head_draft_tokens, const std::string& kv_dtype) {
   EngineOptions o;
+  try {
+    o.kv_dtype = kv_dtype_from_name(kv_dtype);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
   o.host_context_bytes = host_context_bytes;
   o.kv_capacity = kv_capacity;
   o.vram_headroom_mib = vram_headroom_mib;
@@ -359,8 +365,11 @@ void bind_engine_class(py::module_& m) {
            py::arg("kv_capacity") = 0, py::arg("vram_headroom_mib") = 1024, py::arg("prefix_reuse") = true,
            py::arg("snapshot_slots") = 0, py::arg("taps_per_request") = -1, py::arg("tap_ladder") = 0,
            py::arg("tap_min_gap") = 0, py::arg("mtp_draft_tokens") = 0, py::arg("ngram_draft_tokens") = 0,
-           py::arg("ngram_min_match") = 12, py::arg("host_context_bytes") = 0, py::arg("lm_head_draft_tokens") = 0)
+           py::arg("ngram_min_match") = 12, py::arg("host_context_bytes") = 0, py::arg("lm_head_draft_tokens") = 0,
+           py::arg("kv_dtype") = "bf16")
       .def_readwrite("kv_capacity", &EngineOptions::kv_capacity)
+      .def_property_readonly("kv_dtype",
+                             [](const EngineOptions& o) { return std::string(kv_dtype_name(o.kv_dtype)); })
       .def_readwrite("host_context_bytes", &EngineOptions::host_context_bytes)
       .def_readwrite("vram_headroom_mib", &EngineOptions::vram_headroom_mib)
       .def_readwrite("prefix_reuse", &EngineOptions::prefix_reuse)
@@ -525,6 +534,8 @@ void bind_engine_class(py::module_& m) {
       .def_property_readonly("max_context", [](const PyEngine& self) { return self.engine->options().max_context; })
       .def_property_readonly("kv_capacity",
                              [](const PyEngine& self) { return self.engine->stats().kv_capacity_tokens; })
+      .def_property_readonly("kv_dtype",
+                             [](const PyEngine& self) { return std::string(kv_dtype_name(self.engine->options().kv_dtype)); })
       .def_property_readonly("options", [](const PyEngine& self) { return self.engine->options(); })
       .def_property_readonly("max_concurrency",
                              [](const PyEngine& self) { return self.engine->options().max_concurrency; })

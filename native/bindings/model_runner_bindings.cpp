@@ -26,13 +26,15 @@ class ModelRunner {
  public:
   ModelRunner(const std::string& path, int max_lanes, int max_batch_tokens, int threads, int max_context,
               const std::string& device, int64_t random_weights_seed, const std::string& random_weights_dtype,
-              int64_t proposal_vocab, int max_verify_tokens, int snapshot_slots)
+              int64_t proposal_vocab, int max_verify_tokens, const std::string& kv_dtype,
+              int snapshot_slots)
       : artifact_(Artifact::open(path)), max_context_(max_context) {
     if (max_lanes <= 0 || max_batch_tokens <= 0 || max_context <= 0)
       throw py::value_error("max_lanes, max_batch_tokens and max_context must be positive");
     const KvGeometry g = kv_geometry(*artifact_);
     const int64_t pages_per_lane = (max_context + kPageTokens - 1) / kPageTokens;
-    kv_ = std::make_unique<KvPool>(pages_per_lane * max_lanes, g.num_kv_layers, g.num_kv_heads, g.head_dim);
+    kv_ = std::make_unique<KvPool>(pages_per_lane * max_lanes, g.num_kv_layers, g.num_kv_heads, g.head_dim,
+                                   kv_dtype_from_name(kv_dtype));
     ModelOptions options;
     options.max_lanes = max_lanes;
     options.max_batch_tokens = max_batch_tokens;
@@ -48,6 +50,9 @@ class ModelRunner {
   }
 
   const ModelInfo& info() const { return model_->info(); }
+  int64_t kv_page_bytes() const {
+    return kv_->has_storage() ? kv_->page_bytes(row_bytes(kv_->storage().dtype, 1)) : 0;
+  }
 
   using Slices = std::vector<std::tuple<int, int, std::vector<int32_t>>>;
 
@@ -185,6 +190,24 @@ class ModelRunner {
     model_->reset_lane(lane);
   }
 
+  // Benchmarks of long contexts without their prefill: lane `lane` is reset and continues as
+  // if it held `length` tokens, over pages taken now whose K/V are whatever the pool holds
+  // (zeros in a fresh pool) and, for a model with recurrent state, the state of an empty lane
+  // (through snapshot slot 0, so the runner needs snapshot_slots >= 1 there). Attention then
+  // reads as many bytes as after a real prefill; the tokens it produces mean nothing.
+  void assume_context(int lane, int64_t length) {
+    if (length <= 0 || length > max_context_) throw py::value_error("assume_context: length outside (0, max_context]");
+    reset(lane);
+    Lane& state = lane_at(lane);
+    ensure_pages(state, length);
+    if (model_->has_recurrent_state()) {
+      if (model_->snapshot_slots() < 1) throw py::value_error("assume_context needs snapshot_slots >= 1 for this model");
+      model_->save_snapshot(lane, 0);
+      model_->resume_lane(lane, static_cast<int32_t>(length), 0);
+    }
+    state.length = length;
+  }
+
   // Makes empty lane `dst` start with the first `length` cached tokens of lane `src` by
   // pointing at the same pages (no copy). `length` must be a whole number of pages, so later
   // writes of `dst` go to pages of its own. For benchmarks of many long sequences.
@@ -296,11 +319,12 @@ py::dict info_dict(const ModelInfo& i) {
 void bind_model_runner(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
       .def(py::init<const std::string&, int, int, int, int, const std::string&, int64_t, const std::string&,
-                    int64_t, int, int>(),
+                    int64_t, int, const std::string&, int>(),
            py::arg("artifact_path"), py::arg("max_lanes") = 1, py::arg("max_batch_tokens") = 512,
            py::arg("threads") = 0, py::arg("max_context") = 2048, py::arg("device") = "cpu",
            py::arg("random_weights_seed") = -1, py::arg("random_weights_dtype") = "bf16",
-           py::arg("proposal_vocab") = 0, py::arg("max_verify_tokens") = 0, py::arg("snapshot_slots") = 0)
+           py::arg("proposal_vocab") = 0, py::arg("max_verify_tokens") = 0, py::arg("kv_dtype") = "bf16",
+           py::arg("snapshot_slots") = 0)
       .def_property_readonly("info", [](const ModelRunner& r) { return info_dict(r.info()); })
       .def("forward", &ModelRunner::forward, py::arg("lane"), py::arg("start_pos"), py::arg("tokens"),
            py::arg("all_logits") = false,
@@ -323,7 +347,10 @@ void bind_model_runner(py::module_& m) {
            "The MTP head scores token ids below `tokens` only (--lm-head-draft); 0 = the full lm_head.")
       .def("reset", &ModelRunner::reset, py::arg("lane"))
       .def("share_prefix", &ModelRunner::share_prefix, py::arg("src"), py::arg("dst"), py::arg("length"),
-           "Lane dst starts with src's first `length` tokens (a multiple of 64) on shared pages.");
+           "Lane dst starts with src's first `length` tokens (a multiple of 64) on shared pages.")
+      .def("assume_context", &ModelRunner::assume_context, py::arg("lane"), py::arg("length"),
+           "Benchmarks: the lane continues as if it held `length` tokens (pages taken, K/V and state not computed).")
+      .def_property_readonly("kv_page_bytes", [](const ModelRunner& r) { return r.kv_page_bytes(); });
 }
 
 }  // namespace ninfer::bindings

@@ -145,7 +145,7 @@ void add(py::array y, py::array x, int threads) {
 // [0, start_pos + num_tokens)), then runs causal attention for the slices' query rows.
 void paged_attention(py::array q, const std::vector<py::array>& keys, const std::vector<py::array>& values,
                      const std::vector<std::tuple<int, int, std::vector<int32_t>>>& slices, int64_t num_pages,
-                     float scale, py::array out, int threads) {
+                     float scale, py::array out, int threads, const std::string& kv_dtype) {
   if (keys.size() != slices.size() || values.size() != slices.size())
     throw py::value_error("need one key and one value history per slice");
   if (keys.empty()) throw py::value_error("need at least one slice");
@@ -155,7 +155,7 @@ void paged_attention(py::array q, const std::vector<py::array>& keys, const std:
   float* op = checked<float>(out, "out", {rows, nh, hd}, true);
   py::array k0 = keys[0];
   const int64_t nkv = k0.ndim() == 3 ? k0.shape(1) : -1;
-  KvPool pool(num_pages, 1, nkv, hd);
+  KvPool pool(num_pages, 1, nkv, hd, kv_dtype_from_name(kv_dtype));
   cpu::CpuBackend& backend = backend_for(threads);
   std::vector<AttentionSlice> plan;
   int32_t row = 0;
@@ -183,9 +183,37 @@ py::tuple rope_inv_freq(const std::string& config_json, int64_t seq_len) {
   return py::make_tuple(inv, table.attention_factor);
 }
 
+// The host KV codec on rows of head_dim values: (codes [rows, code_bytes] uint8, group scales
+// [rows, head_dim/16] uint8 (nvfp4; else [rows, 0]), scales [rows] f32, dequantized [rows, hd]).
+py::tuple kv_quantize(py::array x, const std::string& kv_dtype) {
+  const KvDType t = kv_dtype_from_name(kv_dtype);
+  if (t == KvDType::BF16) throw py::value_error("kv_quantize: bf16 is not a quantized KV format");
+  if (x.ndim() != 2) throw py::value_error("kv_quantize: x must be [rows, head_dim]");
+  const int64_t rows = x.shape(0), hd = x.shape(1);
+  if (hd % kKvGroup != 0) throw py::value_error("kv_quantize: head_dim must be a multiple of 16");
+  const float* xp = checked<float>(x, "x", {rows, hd});
+  const KvRegion r = KvRegion::of(t, 1, 1, hd);
+  py::array_t<uint8_t> codes({rows, r.code_bytes}), groups({rows, r.group_bytes});
+  py::array_t<float> scales(rows), values({rows, hd});
+  for (int64_t i = 0; i < rows; ++i) {
+    kvcodec::quantize_row(t, xp + i * hd, hd, codes.mutable_data(i), groups.mutable_data() + i * r.group_bytes,
+                          scales.mutable_data(i));
+    kvcodec::dequantize_row(t, codes.data(i), groups.data() + i * r.group_bytes, scales.data(i)[0], hd,
+                            values.mutable_data(i));
+  }
+  return py::make_tuple(codes, groups, scales, values);
+}
+
 }  // namespace
 
 void bind_ops(py::module_& m) {
+  m.def("kv_quantize", &kv_quantize, py::arg("x"), py::arg("kv_dtype"),
+        "Quantizes [rows, head_dim] f32 rows in a --kv-dtype format: (codes, group_scales, scales, dequantized).");
+  m.def("kv_page_bytes", [](const std::string& kv_dtype, int64_t layers, int64_t kv_heads, int64_t head_dim,
+                            int64_t element_bytes) {
+    return KvPool(1, layers, kv_heads, head_dim, kv_dtype_from_name(kv_dtype)).page_bytes(element_bytes);
+  }, py::arg("kv_dtype"), py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("element_bytes"),
+        "Bytes of one 64-token KV page (all layers, K and V) in a --kv-dtype format.");
   m.def("set_cpu_kernels", [](const std::string& name) { cpu::select_cpu_kernels(name); }, py::arg("name"),
         "Selects the CPU kernel set: 'auto', 'scalar', 'avx2', 'avxvnni' or 'avx512vnni'.");
   m.def("cpu_kernels", [] { return std::string(cpu::cpu_kernels().name); }, "Name of the active CPU kernel set.");
@@ -210,7 +238,7 @@ void bind_ops(py::module_& m) {
   m.def("swiglu", &swiglu, py::arg("gate"), py::arg("up"), py::arg("out"), py::arg("threads") = 0);
   m.def("add", &add, py::arg("y"), py::arg("x"), py::arg("threads") = 0);
   m.def("paged_attention", &paged_attention, py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("slices"),
-        py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("threads") = 0,
+        py::arg("num_pages"), py::arg("scale"), py::arg("out"), py::arg("threads") = 0, py::arg("kv_dtype") = "bf16",
         "slices: [(start_pos, num_tokens, page_table)]; keys/values[i]: [start_pos+num_tokens, kv_heads, head_dim].");
   m.def("rope_inv_freq", &rope_inv_freq, py::arg("config_json"), py::arg("seq_len"),
         "(inv_freq, attention_factor) for an HF-style config JSON at a sequence length.");

@@ -7,10 +7,13 @@
 
 namespace ninfer {
 
-KvPool::KvPool(int64_t num_pages, int64_t num_layers, int64_t num_kv_heads, int64_t head_dim)
-    : num_pages_(0), num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
+KvPool::KvPool(int64_t num_pages, int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, KvDType kv_dtype)
+    : num_pages_(0), num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), kv_dtype_(kv_dtype) {
   if (num_layers <= 0 || num_kv_heads <= 0 || head_dim <= 0)
     throw std::invalid_argument("KvPool: all dimensions must be positive");
+  if (kv_dtype != KvDType::BF16 && head_dim % kKvGroup != 0)
+    throw std::invalid_argument("KvPool: --kv-dtype " + std::string(kv_dtype_name(kv_dtype)) +
+                                " needs head_dim divisible by 16, got " + std::to_string(head_dim));
   resize(num_pages);
 }
 
@@ -37,8 +40,9 @@ void KvPool::attach_storage(KvStorage storage) {
   if (has_storage()) throw std::logic_error("KvPool: storage is already attached (" + storage_.device + ")");
   if (!storage.memory) throw std::invalid_argument("KvPool: attach_storage needs memory");
   storage_ = std::move(storage);
-  host_f32_ = storage_.device == "cpu" && storage_.dtype == DType::F32 ? static_cast<float*>(storage_.memory.get())
-                                                                        : nullptr;
+  host_f32_ = storage_.device == "cpu" && storage_.dtype == DType::F32 && !quantized()
+                  ? static_cast<float*>(storage_.memory.get())
+                  : nullptr;
 }
 
 std::optional<std::vector<int32_t>> KvPool::allocate(int64_t count) {

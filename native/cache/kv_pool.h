@@ -5,9 +5,11 @@
 // block can be mapped into several sequences at once. A page returns to the free list when
 // its last reference goes.
 //
-// Layout of page p for layer l, in elements of the storage's dtype:
-//   K: [kPageTokens][num_kv_heads][head_dim] at element page_offset(l, p, 0)
-//   V: same shape at element page_offset(l, p, 1)
+// Layout of page p for layer l: one region per (layer, page, K or V) of region_bytes() bytes
+// at byte region_offset(l, p, which). With --kv-dtype bf16 a region is
+// [kPageTokens][num_kv_heads][head_dim] elements of the storage's dtype (K at element
+// page_offset(l, p, 0), V at page_offset(l, p, 1)); a quantized pool's region holds codes and
+// scales as cache/kv_format.h lays out (KvRegion).
 // A lane's page table lists page ids in position order; token t lives in page
 // table[t / kPageTokens], row t % kPageTokens.
 //
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/kv_format.h"
 #include "common/dtype.h"
 
 namespace ninfer {
@@ -39,13 +42,30 @@ struct KvStorage {
 
 class KvPool {
  public:
-  KvPool(int64_t num_pages, int64_t num_layers, int64_t num_kv_heads, int64_t head_dim);
+  KvPool(int64_t num_pages, int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+         KvDType kv_dtype = KvDType::BF16);
 
   int64_t num_pages() const { return num_pages_; }
   int64_t free_pages() const { return static_cast<int64_t>(free_list_.size()); }
   int64_t capacity_tokens() const { return num_pages_ * kPageTokens; }
-  // Bytes one page takes in storage of `element_bytes` per element (all layers, K and V).
-  int64_t page_bytes(int64_t element_bytes) const { return num_layers_ * 2 * page_elems() * element_bytes; }
+  // The stored format; bf16 keeps the backend's own float type (`element_bytes` below).
+  KvDType kv_dtype() const { return kv_dtype_; }
+  bool quantized() const { return kv_dtype_ != KvDType::BF16; }
+  // The parts of a quantized region (throws for bf16).
+  KvRegion region() const { return KvRegion::of(kv_dtype_, kPageTokens, num_kv_heads_, head_dim_); }
+  // Bytes of one (layer, page, K|V) region; `element_bytes` is the storage's element size and
+  // only counts for bf16 pools.
+  int64_t region_bytes(int64_t element_bytes) const {
+    return quantized() ? region().bytes : page_elems() * element_bytes;
+  }
+  // Bytes one page takes (all layers, K and V): what the sizer, the host tier and the prefix
+  // cache file count.
+  int64_t page_bytes(int64_t element_bytes) const { return num_layers_ * 2 * region_bytes(element_bytes); }
+  // Byte offset of region (layer, page, K|V) in the storage.
+  int64_t region_offset(int64_t layer, int64_t page, int which, int64_t element_bytes) const {
+    return ((layer * num_pages_ + page) * 2 + which) * region_bytes(element_bytes);
+  }
+  int64_t storage_bytes(int64_t element_bytes) const { return num_pages_ * page_bytes(element_bytes); }
   // Changes the page count; only before storage is attached and while no page is taken
   // (startup sizing from the memory left after the weights). Throws otherwise.
   void resize(int64_t num_pages);
@@ -81,12 +101,13 @@ class KvPool {
     return ((layer * num_pages_ + page) * 2 + which) * page_elems();
   }
 
-  // Host float32 storage only (the CPU backend's).
+  // Host float32 storage of a bf16 pool only (the CPU backend's).
   float* key_page(int64_t layer, int32_t page) { return host_f32_ + page_offset(layer, page, 0); }
   float* value_page(int64_t layer, int32_t page) { return host_f32_ + page_offset(layer, page, 1); }
 
  private:
   int64_t num_pages_, num_layers_, num_kv_heads_, head_dim_;
+  KvDType kv_dtype_;
   KvStorage storage_;
   float* host_f32_ = nullptr;  // storage_.memory when it is host float32
   std::vector<int32_t> free_list_;

@@ -262,6 +262,7 @@ EngineStats Engine::stats(bool check_cache) const {
     s.kv_pages_total = pool_->num_pages();
     s.kv_pages_free = scheduler_.available_pages();
     s.kv_capacity_tokens = pool_->capacity_tokens();
+    s.kv_page_bytes = pool_->has_storage() ? pool_->page_bytes(row_bytes(pool_->storage().dtype, 1)) : 0;
     s.paused = scheduler_.paused();
     s.pauses = scheduler_.pauses();
     s.prefix_reuse = cache_ != nullptr;

@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/kv_format.h"
+
 #include "cache/host_tier.h"
 #include "cache/kv_pool.h"
 #include "cache/prefix_cache.h"
@@ -67,6 +69,7 @@ struct EngineOptions {
   SpeculativeOptions spec;
   // Shared KV pool, in tokens: 0 = auto (the memory the model leaves, less the headroom).
   int64_t kv_capacity = 0;
+  KvDType kv_dtype = KvDType::BF16;  // --kv-dtype: how the pool stores K and V
   int64_t vram_headroom_mib = 1024;  // auto: memory left free after sizing the pool
   bool prefix_reuse = true;          // reuse cached prefixes across requests
   // Host tier of the prefix cache (engine/engine_host_tier.cpp): bytes of host memory that
@@ -109,6 +112,7 @@ struct EngineStats {
   int64_t kv_pages_free = 0;    // pages a request could take: free, or cached and unreferenced
   int64_t kv_pages_cached = 0;  // pages the prefix cache holds (mapped or not)
   int64_t kv_capacity_tokens = 0;
+  int64_t kv_page_bytes = 0;  // one 64-token page, all layers, K and V, in the pool's format
   int32_t paused = 0;           // requests paused for memory, waiting to be restored
   uint64_t pauses = 0;
   uint64_t replay_restores = 0;  // paused requests re-admitted (each rebuilds by replay)

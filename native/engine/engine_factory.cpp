@@ -28,6 +28,9 @@ std::unique_ptr<Engine> make_toy_engine(int64_t vocab_size, std::vector<std::str
     throw std::invalid_argument("max_concurrency must be between 1 and 8, got " +
                                 std::to_string(options.max_concurrency));
   options = resolve_cache_defaults(std::move(options));
+  if (options.kv_dtype != KvDType::BF16)
+    throw std::invalid_argument("the toy model keeps token ids as its KV: --kv-dtype " +
+                                std::string(kv_dtype_name(options.kv_dtype)) + " needs a real model");
   // The toy has no memory to measure: auto gives room for every lane at the ceiling, twice.
   const int64_t pages = options.kv_capacity > 0 ? (options.kv_capacity + kPageTokens - 1) / kPageTokens
                                                 : 2 * kv_pages_for(options);

@@ -64,7 +64,8 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   const KvGeometry geometry = kv_geometry(*artifact);
   const bool explicit_capacity = options.kv_capacity > 0;
   auto pool = std::make_unique<KvPool>(explicit_capacity ? (options.kv_capacity + kPageTokens - 1) / kPageTokens : 1,
-                                       geometry.num_kv_layers, geometry.num_kv_heads, geometry.head_dim);
+                                       geometry.num_kv_layers, geometry.num_kv_heads, geometry.head_dim,
+                                       options.kv_dtype);
   if (!explicit_capacity) pool->set_sizer(auto_kv_sizer(options, runtime.device));
   ModelOptions model_options;
   model_options.snapshot_slots = options.prefix_reuse ? options.snapshot_slots : 0;

@@ -1,10 +1,11 @@
 // The prefix cache file: the device block cache and its state snapshots across a restart.
 //
 // Layout (host byte order, the file never leaves the machine that wrote it):
-//   header  "NINFPC01", root key (model identity), build stamp, page bytes, snapshot floats,
-//           record count
+//   header  "NINFPC02", root key (model identity), build stamp, page bytes, snapshot floats,
+//           record count, KV format (KvDType, --kv-dtype) and 7 bytes of padding
 //   records parent record index (-1: a first block), 64 token ids, snapshot flag, the page's
-//           bytes (every layer, K then V, in the pool's storage type), the snapshot's floats
+//           bytes (every layer, K then V, each region as the pool stores it: elements of its
+//           storage type for bf16, codes and scales for a quantized --kv-dtype), the snapshot's floats
 //           when flagged, and an FNV-1a checksum of the record
 //   trailer "NINFPCND", record count
 // Records come parents first, so any prefix of them is prefix-closed. A load checks the whole
@@ -25,7 +26,7 @@ namespace ninfer {
 
 namespace {
 
-constexpr char kMagic[8] = {'N', 'I', 'N', 'F', 'P', 'C', '0', '1'};
+constexpr char kMagic[8] = {'N', 'I', 'N', 'F', 'P', 'C', '0', '2'};  // 02: the KV format is recorded
 constexpr char kTrailer[8] = {'N', 'I', 'N', 'F', 'P', 'C', 'N', 'D'};
 
 // Files from another build are ignored: the KV layout or numerics may differ.
@@ -47,6 +48,8 @@ struct Checksum {
 struct Header {
   char magic[8];
   uint64_t root, build, page_bytes, snapshot_floats, records;
+  uint8_t kv_dtype;
+  uint8_t pad[7];
 };
 
 struct RecordHead {
@@ -146,6 +149,7 @@ CacheFileReport Engine::save_prefix_cache(const std::string& path) {
   header.page_bytes = static_cast<uint64_t>(page_bytes);
   header.snapshot_floats = static_cast<uint64_t>(state_floats);
   header.records = blocks.size();
+  header.kv_dtype = static_cast<uint8_t>(pool_->kv_dtype());
   put(&header, sizeof header);
   std::unordered_map<uint64_t, int64_t> index{{cache_->root_key(), -1}};
   std::vector<std::byte> page(static_cast<size_t>(page_bytes));
@@ -208,6 +212,14 @@ CacheFileReport Engine::load_prefix_cache(const std::string& path) {
   const int64_t state_floats = model_->has_recurrent_state() ? model_->snapshot_floats() : 0;
   if (!in.read(reinterpret_cast<char*>(&header), sizeof header) || std::memcmp(header.magic, kMagic, 8) != 0) {
     report.message = path + " is not a prefix cache file of this format: ignored";
+    return report;
+  }
+  if (header.kv_dtype != static_cast<uint8_t>(pool_->kv_dtype())) {
+    const auto stored = header.kv_dtype <= static_cast<uint8_t>(KvDType::NVFP4)
+                            ? std::string(kv_dtype_name(static_cast<KvDType>(header.kv_dtype)))
+                            : "an unknown format";
+    report.message = path + " holds KV pages in --kv-dtype " + stored + ", but this server stores " +
+                     std::string(kv_dtype_name(pool_->kv_dtype())) + ": ignored (the next save replaces it)";
     return report;
   }
   if (header.root != cache_->root_key() || header.build != build_stamp() ||

@@ -18,6 +18,7 @@ ToyModel::ToyModel(int64_t vocab_size, KvPool& pool, int max_lanes, int64_t max_
   if (pool.num_layers() != kLayers || pool.num_kv_heads() != kHeads || pool.head_dim() != kHeadDim)
     throw std::invalid_argument("toy model needs a KV pool with 1 layer, 1 head, head_dim 1");
   // The toy model runs on no backend; it keeps its "KV" (token ids) in host float32 pages.
+  if (pool.quantized()) throw std::invalid_argument("toy model needs a bf16 (unquantized) KV pool");
   if (!pool.has_storage()) {
     const auto elems = static_cast<size_t>(pool.storage_elems());
     pool.attach_storage({std::shared_ptr<void>(new float[elems](), std::default_delete<float[]>()), DType::F32, "cpu"});

@@ -32,7 +32,8 @@ class TensorParallelModel final : public Model {
     const int64_t heads = artifact.config().get_int("num_attention_heads", 0);
     const int64_t kv_heads = probe.kv_heads(heads, pool.num_kv_heads());
     for (int r = 0; r < size; ++r) {
-      auto rank_pool = std::make_unique<KvPool>(pool.num_pages(), pool.num_layers(), kv_heads, pool.head_dim());
+      auto rank_pool =
+          std::make_unique<KvPool>(pool.num_pages(), pool.num_layers(), kv_heads, pool.head_dim(), pool.kv_dtype());
       // --kv-capacity auto: the engine's pool is sized (once) for whole pages; every rank's
       // pool then takes that page count. The ranks share the host memory the sizer measured.
       rank_pool->set_sizer([&pool, per_page = rank_pool->page_bytes(1)](int64_t available, int64_t page_bytes) {

@@ -71,6 +71,7 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         "n_vocab": info["vocab_size"],
         "n_ctx": min(core.max_context, core.kv_capacity),
         "kv_capacity": core.kv_capacity,
+        "kv_dtype": config.kv_dtype,
         "prefix_reuse": config.prefix_reuse,
         "n_ctx_train": cfg.get("max_position_embeddings") or info["max_position_embeddings"],
         "n_embd": info["hidden_size"],

@@ -141,6 +141,7 @@ class EngineConfig:
     lm_head_draft_tokens: int = 0
     device: str = "cpu"
     kv_capacity: int = 0  # shared KV pool in tokens; 0 = auto (free memory less the headroom)
+    kv_dtype: str = "bf16"  # --kv-dtype: bf16, fp8, int8 or nvfp4
     vram_headroom_mib: int = 1024  # auto sizing leaves this much free
     prefix_reuse: bool = True  # reuse cached prompt prefixes across requests
     # Host tier of the prefix cache: bytes evicted blocks and snapshots share; 0 = none.

@@ -56,9 +56,9 @@ int64_t host_available_bytes() {
 void CpuBackend::bind_kv(KvPool& kv) {
   if (!kv.has_storage()) {
     kv.resolve_size(host_available_bytes(), sizeof(float));
-    const auto elems = static_cast<size_t>(kv.storage_elems());
+    const auto bytes = static_cast<size_t>(kv.storage_bytes(sizeof(float)));
     // calloc: the OS hands out zero pages lazily, so a large pool costs RAM only as it fills.
-    void* memory = std::calloc(std::max<size_t>(elems, 1), sizeof(float));
+    void* memory = std::calloc(std::max<size_t>(bytes, 1), 1);
     if (!memory) throw std::bad_alloc();
     kv.attach_storage({std::shared_ptr<void>(memory, [](void* p) { std::free(p); }), DType::F32, "cpu"});
   } else if (kv.storage().device != "cpu" || kv.storage().dtype != DType::F32) {
@@ -71,6 +71,10 @@ void CpuBackend::kv_write(KvPool& kv, int64_t layer, const float* k, const float
                           std::span<const AttentionSlice> slices) {
   bind_kv(kv);
   const int64_t row = kv.num_kv_heads() * kv.head_dim();
+  if (kv.quantized()) {
+    for (const auto& s : slices) check_slice(s, kv);
+    return kv_write_quantized(kv, layer, k, v, slices);
+  }
   for (const auto& s : slices) {
     check_slice(s, kv);
     for (int32_t i = 0; i < s.num_tokens; ++i) {
@@ -106,7 +110,7 @@ struct AttentionContext {
 void attend(const AttentionContext& c, const AttentionSlice& s, const AttentionWork& w, float* acc,
             OnlineSoftmax* state) {
   const int64_t hd = c.head_dim, group = c.group, nq = w.rows * group;
-  thread_local std::vector<float> queries, scores;
+  thread_local std::vector<float> queries, scores, key_rows, value_rows;
   queries.resize(static_cast<size_t>(nq * hd));
   scores.resize(static_cast<size_t>(nq * kPageTokens));
   for (int64_t r = 0; r < w.rows; ++r)
@@ -122,10 +126,19 @@ void attend(const AttentionContext& c, const AttentionSlice& s, const AttentionW
   for (int64_t page_index = w.page_begin; page_index < w.page_end; ++page_index) {
     const int64_t page_start = page_index * kPageTokens;
     const int32_t page = s.page_table[page_index];
-    const float* keys = c.kv.key_page(c.layer, page) + w.kv_head * hd;
-    const float* values = c.kv.value_page(c.layer, page) + w.kv_head * hd;
     const int64_t count = std::min<int64_t>(kPageTokens, last_pos - page_start + 1);
-    c.kernels.tile_f32(queries.data(), hd, nq, keys, c.kv_row * static_cast<int64_t>(sizeof(float)), count, hd,
+    const float* keys;
+    const float* values;
+    int64_t stride = c.kv_row;  // floats between consecutive keys
+    if (c.kv.quantized()) {  // this head's rows of the page, dequantized
+      keys = dequantize_page_rows(c.kv, c.layer, page, 0, w.kv_head, count, key_rows);
+      values = dequantize_page_rows(c.kv, c.layer, page, 1, w.kv_head, count, value_rows);
+      stride = hd;
+    } else {
+      keys = c.kv.key_page(c.layer, page) + w.kv_head * hd;
+      values = c.kv.value_page(c.layer, page) + w.kv_head * hd;
+    }
+    c.kernels.tile_f32(queries.data(), hd, nq, keys, stride * static_cast<int64_t>(sizeof(float)), count, hd,
                        scores.data(), kPageTokens);
     for (int64_t i = 0; i < nq; ++i) {
       const int64_t visible = std::min(count, first_pos + i / group - page_start + 1);  // causal mask
@@ -143,7 +156,7 @@ void attend(const AttentionContext& c, const AttentionSlice& s, const AttentionW
       }
       std::fill(row_scores + std::max<int64_t>(visible, 0), row_scores + count, 0.0f);
     }
-    c.kernels.gemm_accumulate(scores.data(), kPageTokens, nq, values, c.kv_row, hd, count, acc, hd);
+    c.kernels.gemm_accumulate(scores.data(), kPageTokens, nq, values, stride, hd, count, acc, hd);
   }
 }
 

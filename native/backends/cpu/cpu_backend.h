@@ -18,6 +18,11 @@ struct OnlineSoftmax {
   float sum = 0.0f;
 };
 
+// Rows [0, count) of kv head `kv_head` in one quantized page region, dequantized into `rows`
+// ([count][head_dim] floats; cpu_kv_quant.cpp). Returns rows.data().
+const float* dequantize_page_rows(KvPool& kv, int64_t layer, int32_t page, int which, int64_t kv_head, int64_t count,
+                                  std::vector<float>& rows);
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads);
@@ -68,6 +73,10 @@ class CpuBackend final : public Backend {
                       float* out) override;
 
  private:
+  // kv_write for a quantized pool: each token-head row quantized as cache/kv_format.h says.
+  void kv_write_quantized(KvPool& kv, int64_t layer, const float* k, const float* v,
+                          std::span<const AttentionSlice> slices);
+
   ThreadPool pool_;
   std::vector<BlockQ8Act> quantized_x_;  // scratch: activation rows quantized for q8_0 matmuls
   std::vector<float> partial_acc_;        // scratch: attention over split page ranges

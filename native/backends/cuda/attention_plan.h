@@ -24,14 +24,20 @@ struct PrefillItem {
 
 inline constexpr int kPrefillBlockRows = 64;
 
-// Geometry of the KV pool as the kernels address it: element offset of (layer, page, K|V) is
-// ((layer * num_pages + page) * 2 + which) * page_elems; a key row is num_kv_heads * head_dim.
+// Geometry of the KV pool as the kernels address it. bf16: element offset of (layer, page,
+// K|V) is ((layer * num_pages + page) * 2 + which) * page_elems; a key row is num_kv_heads *
+// head_dim. A quantized pool (kv_dtype != 0, cache/kv_format.h) uses byte regions of
+// region_bytes at the same index, codes first, then group scales and f32 scales at the offsets.
 struct KvLayout {
-  const void* base;      // bf16 elements
+  const void* base;      // bf16 elements, or the bytes of quantized regions
   int64_t num_pages;
   int64_t page_elems;
   int32_t num_kv_heads;
   int32_t layer;
+  int32_t kv_dtype = 0;  // KvDType: 0 bf16, 1 fp8, 2 int8, 3 nvfp4
+  int64_t region_bytes = 0;
+  int64_t groups_offset = 0;
+  int64_t scales_offset = 0;
 };
 
 }  // namespace ninfer::cuda

@@ -230,8 +230,8 @@ void CudaBackend::bind_kv(KvPool& kv) {
   activate();
   size_t free_bytes = 0, total_bytes = 0;
   NINFER_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  kv.resolve_size(static_cast<int64_t>(free_bytes), 2);
-  const size_t bytes = static_cast<size_t>(kv.storage_elems()) * 2;
+  kv.resolve_size(static_cast<int64_t>(free_bytes), 2);  // a quantized pool counts its own page bytes
+  const auto bytes = static_cast<size_t>(kv.storage_bytes(2));
   void* p = nullptr;
   NINFER_CUDA_CHECK(cudaMalloc(&p, bytes));
   NINFER_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
@@ -248,12 +248,12 @@ void CudaBackend::kv_page_io(KvPool& kv, int32_t page, void* host, bool to_host)
   bind_kv(kv);
   if (page < 0 || page >= kv.num_pages()) throw std::out_of_range("kv_page_io: page outside the pool");
   activate();
-  const size_t piece = static_cast<size_t>(kv.page_elems()) * 2;  // bf16
+  const auto piece = static_cast<size_t>(kv.region_bytes(2));  // bf16 elements or a quantized region
   auto* base = static_cast<std::byte*>(kv.storage().memory.get());
   auto* at = static_cast<std::byte*>(host);
   for (int64_t layer = 0; layer < kv.num_layers(); ++layer)
     for (int which = 0; which < 2; ++which, at += piece) {
-      std::byte* stored = base + static_cast<size_t>(kv.page_offset(layer, page, which)) * 2;
+      std::byte* stored = base + kv.region_offset(layer, page, which, 2);
       NINFER_CUDA_CHECK(cudaMemcpyAsync(to_host ? static_cast<void*>(at) : static_cast<void*>(stored),
                                         to_host ? static_cast<const void*>(stored) : static_cast<const void*>(at),
                                         piece, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_));
@@ -441,8 +441,16 @@ void CudaBackend::gather_rows(const float* src, int64_t cols, std::span<const in
 KvLayout CudaBackend::kv_layout(const KvPool& kv, int64_t layer) const {
   if (layer < 0 || layer >= kv.num_layers())
     throw std::out_of_range("layer " + std::to_string(layer) + " is outside the KV pool");
-  return KvLayout{kv.storage().memory.get(), kv.num_pages(), kv.page_elems(), static_cast<int32_t>(kv.num_kv_heads()),
+  KvLayout layout{kv.storage().memory.get(), kv.num_pages(), kv.page_elems(), static_cast<int32_t>(kv.num_kv_heads()),
                   static_cast<int32_t>(layer)};
+  if (kv.quantized()) {
+    const KvRegion region = kv.region();
+    layout.kv_dtype = static_cast<int32_t>(kv.kv_dtype());
+    layout.region_bytes = region.bytes;
+    layout.groups_offset = region.groups_offset;
+    layout.scales_offset = region.scales_offset;
+  }
+  return layout;
 }
 
 void CudaBackend::kv_write(KvPool& kv, int64_t layer, const float* k, const float* v,

@@ -6,13 +6,15 @@
 // HD / 8 threads cover a key, so the block walks (128 / kThreadsPerKey) x U keys at a time,
 // each thread group keeping its own online-softmax state. The groups' states merge through shared
 // memory at the end; with several splits the merged state goes to a partials buffer that
-// combine_splits folds into the output.
+// combine_splits folds into the output. A quantized pool (F != kKvBf16) is read through
+// KvRead<F>: 8 codes and their scales per thread and key, dequantized after the load lands.
 #pragma once
 
 #include <cfloat>
 
 #include "backends/cuda/attention_plan.h"
 #include "backends/cuda/kernels_common.cuh"
+#include "backends/cuda/kernels_kv_quant.cuh"
 
 namespace ninfer::cuda::kernels {
 
@@ -61,8 +63,10 @@ struct DecodeParams {
 // a key reduce as independent shuffle chains. U: keys each thread group takes per iteration
 // (their loads are issued together and the next U keys' loads are in flight during the
 // arithmetic). Scores are kept in the log2 domain (q is prescaled by scale * log2(e)).
-template <int HD, int G, int U>
+template <int HD, int G, int U, int F = kKvBf16>
 __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeParams p) {
+  using Read = KvRead<F>;
+  using Raw = typename Read::Raw;
   constexpr int kThreadsPerKey = HD / 8;
   constexpr int kKeyGroups = kDecodeThreads / kThreadsPerKey;  // thread groups in the block
   constexpr int kStride = kKeyGroups * U;                      // keys the block takes per iteration
@@ -101,31 +105,31 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeP
     for (int j = 0; j < 8; ++j) acc[g][j] = 0.0f;
   }
 
-  auto load = [&](int key, uint4& kp, uint4& vp) {
+  auto load = [&](int key, Raw& kp, Raw& vp) {
     if (key >= key_end) {
-      kp = make_uint4(0, 0, 0, 0);
+      kp = Read::zero();
       vp = kp;
       return;
     }
     const int32_t page = p.pages[item.pages_offset + key / kKvPageTokens];
     const int slot = key % kKvPageTokens;
-    kp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 0, slot, HD) + kv_head * HD + sub * 8);
-    vp = *reinterpret_cast<const uint4*>(kv_row(p.kv, page, 1, slot, HD) + kv_head * HD + sub * 8);
+    kp = Read::template load<HD>(p.kv, page, 0, slot, kv_head, sub);
+    vp = Read::template load<HD>(p.kv, page, 1, slot, kv_head, sub);
   };
   int key0 = key_begin + key_lane * U;
-  uint4 k_cur[U], v_cur[U];
+  Raw k_cur[U], v_cur[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) load(key0 + u, k_cur[u], v_cur[u]);
   while (key0 < key_end) {
     const int next0 = key0 + kStride;
-    uint4 k_next[U], v_next[U];
+    Raw k_next[U], v_next[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) load(next0 + u, k_next[u], v_next[u]);
     float s[U][G];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float kf[8];
-      bf16x8_to_float(k_cur[u], kf);
+      Read::to_float(k_cur[u], kf);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float dot = 0.0f;
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention(const DecodeP
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(group_mask, s[u][g], offset);
     float vf[U][8];
 #pragma unroll
-    for (int u = 0; u < U; ++u) bf16x8_to_float(v_cur[u], vf[u]);
+    for (int u = 0; u < U; ++u) Read::to_float(v_cur[u], vf[u]);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float m_new = m[g];

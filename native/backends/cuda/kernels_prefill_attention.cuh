@@ -17,6 +17,11 @@
 // or double-buffered (kStages = 2: the whole next page loads during this page's work). The
 // products are collective, so a warp whose rows see none of a diagonal tile's keys still takes
 // part (its probabilities are all zero).
+//
+// A quantized pool (F != kKvBf16) cannot be copied as it is: each thread loads its chunks'
+// codes and scales (a batch of passes at once, so several loads are in flight), dequantizes
+// them to bf16 and stores them into the same swizzled tile; the later cp.async waits are then
+// empty and the fences and barriers order the stores as they order the copies.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -65,15 +70,44 @@ struct PrefillConfig {
   static constexpr int kMinBlocks = HD == 256 ? 2 : 3;
 };
 
+__device__ __forceinline__ void store_shared_16(uint32_t address, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // Copies key rows [0, 64) of one page's K (which = 0) or V (1) for `kv_head` into a tile;
 // keys after `last_key` were never written (they could hold NaN) and are zero-filled.
-template <int HD, int kThreads>
+template <int HD, int kThreads, int F = kKvBf16>
 __device__ __forceinline__ void load_kv_tile(const PrefillParams& p, int32_t page, int which, int kv_head,
                                              int last_key, uint32_t dst) {
   // A pass of the block covers kKeysPerPass whole rows; a thread keeps its chunk in every pass.
   constexpr int kChunks = HD / 8, kKeysPerPass = kThreads / kChunks;
   static_assert(kThreads % kChunks == 0 && kKeyTile % kKeysPerPass == 0);
   const int first_key = static_cast<int>(threadIdx.x) / kChunks, chunk = static_cast<int>(threadIdx.x) % kChunks;
+  if constexpr (F != kKvBf16) {
+    using Read = KvRead<F>;
+    // Batches of 4 passes (2 at head_dim 256, where the O accumulator leaves few registers).
+    constexpr int kPasses = kKeyTile / kKeysPerPass, kBatch = HD == 256 ? 2 : (kPasses < 4 ? kPasses : 4);
+#pragma unroll
+    for (int i0 = 0; i0 < kPasses; i0 += kBatch) {
+      typename Read::Raw raw[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int key = first_key + (i0 + b) * kKeysPerPass;
+        raw[b] = key <= last_key ? Read::template load<HD>(p.kv, page, which, key, kv_head, chunk) : Read::zero();
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int key = first_key + (i0 + b) * kKeysPerPass;
+        float f[8];
+        Read::to_float(raw[b], f);
+        const uint4 packed = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                                        pack_bf16x2(f[6], f[7]));
+        store_shared_16(dst + TileLayout<HD>::offset(key, chunk), packed);
+      }
+    }
+    return;
+  }
   const int key_stride = p.kv.num_kv_heads * HD;
   const uint16_t* src = kv_row(p.kv, page, which, 0, HD) + kv_head * HD + first_key * key_stride + chunk * 8;
 #pragma unroll
@@ -217,7 +251,7 @@ __device__ __forceinline__ void warpgroup_accumulate_pv(float (&o)[HD / 8][4], c
 
 // grid: (num_heads, items); items come longest first, so with heads varying fastest the
 // longest rows of every head start first.
-template <int HD, int kStages>
+template <int HD, int kStages, int F = kKvBf16>
 __global__ void __launch_bounds__(PrefillConfig<HD, kStages>::kThreads, PrefillConfig<HD, kStages>::kMinBlocks)
     prefill_attention(const PrefillParams p) {
   using Cfg = PrefillConfig<HD, kStages>;
@@ -238,7 +272,7 @@ __global__ void __launch_bounds__(PrefillConfig<HD, kStages>::kThreads, PrefillC
 
   auto load_kv = [&](int tile, int which, int stage) {
     const int32_t page = p.pages[item.pages_offset + tile];
-    load_kv_tile<HD, Cfg::kThreads>(p, page, which, kv_head, last_pos - tile * kKeyTile,
+    load_kv_tile<HD, Cfg::kThreads, F>(p, page, which, kv_head, last_pos - tile * kKeyTile,
                                     kv_tiles + (2 * stage + which) * Cfg::kTileBytes);
   };
   load_kv(0, 0, 0);

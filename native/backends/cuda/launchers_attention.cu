@@ -1,9 +1,11 @@
 // Launchers of the KV-write and attention kernels (see launchers.h).
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_decode_attention.cuh"
+#include "backends/cuda/kernels_kv_quant.cuh"
 #include "backends/cuda/kernels_prefill_attention.cuh"
 #include "backends/cuda/launchers.h"
 
@@ -14,12 +16,23 @@ namespace {
 // Keys each thread group takes per iteration of the decode kernel.
 constexpr int kDecodeKeysPerIteration = 2;
 
+template <int HD, int G, int F>
+void decode_grouped_format(const kernels::DecodeParams& p, const dim3& grid, cudaStream_t stream) {
+  kernels::decode_attention<HD, G, kDecodeKeysPerIteration, F><<<grid, kernels::kDecodeThreads, 0, stream>>>(p);
+}
+
 template <int HD, int G>
 void decode_grouped(const kernels::DecodeParams& p, int num_items, int num_kv_heads, cudaStream_t stream) {
   const int group_chunks = (p.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned int>(num_items), static_cast<unsigned int>(num_kv_heads * group_chunks),
                   static_cast<unsigned int>(p.splits));
-  kernels::decode_attention<HD, G, kDecodeKeysPerIteration><<<grid, kernels::kDecodeThreads, 0, stream>>>(p);
+  switch (p.kv.kv_dtype) {
+    case kernels::kKvBf16: decode_grouped_format<HD, G, kernels::kKvBf16>(p, grid, stream); break;
+    case kernels::kKvFp8: decode_grouped_format<HD, G, kernels::kKvFp8>(p, grid, stream); break;
+    case kernels::kKvInt8: decode_grouped_format<HD, G, kernels::kKvInt8>(p, grid, stream); break;
+    case kernels::kKvNvfp4: decode_grouped_format<HD, G, kernels::kKvNvfp4>(p, grid, stream); break;
+    default: throw std::invalid_argument("decode attention: unknown KV format");
+  }
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
@@ -45,19 +58,30 @@ void decode_for(const kernels::DecodeParams& p, int num_items, int num_kv_heads,
   }
 }
 
-template <int HD, int kStages>
-void prefill_for(const kernels::PrefillParams& p, int num_items, cudaStream_t stream) {
+template <int HD, int kStages, int F>
+void prefill_format(const kernels::PrefillParams& p, int num_items, cudaStream_t stream) {
   using Config = kernels::PrefillConfig<HD, kStages>;
   static const bool configured = [] {
-    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention<HD, kStages>,
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention<HD, kStages, F>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(Config::kSmemBytes)));
     return true;
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned int>(p.num_heads), static_cast<unsigned int>(num_items));
-  kernels::prefill_attention<HD, kStages><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  kernels::prefill_attention<HD, kStages, F><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
   NINFER_CUDA_CHECK_LAUNCH();
+}
+
+template <int HD, int kStages>
+void prefill_for(const kernels::PrefillParams& p, int num_items, cudaStream_t stream) {
+  switch (p.kv.kv_dtype) {
+    case kernels::kKvBf16: prefill_format<HD, kStages, kernels::kKvBf16>(p, num_items, stream); break;
+    case kernels::kKvFp8: prefill_format<HD, kStages, kernels::kKvFp8>(p, num_items, stream); break;
+    case kernels::kKvInt8: prefill_format<HD, kStages, kernels::kKvInt8>(p, num_items, stream); break;
+    case kernels::kKvNvfp4: prefill_format<HD, kStages, kernels::kKvNvfp4>(p, num_items, stream); break;
+    default: throw std::invalid_argument("prefill attention: unknown KV format");
+  }
 }
 
 template <int HD>
@@ -75,6 +99,26 @@ bool attention_head_dim_supported(int64_t head_dim) { return head_dim == 64 || h
 void launch_kv_write(const KvLayout& kv, int64_t head_dim, const float* k, const float* v, const int32_t* slots,
                      int64_t rows, cudaStream_t stream) {
   if (rows <= 0) return;
+  if (kv.kv_dtype != kernels::kKvBf16) {
+    const auto grid = static_cast<unsigned int>(rows);
+    const unsigned int threads = 32u * static_cast<unsigned int>(std::min<int64_t>(2 * kv.num_kv_heads, 16));
+    auto launch = [&]<int F>() {
+      switch (head_dim) {
+        case 64: kernels::kv_write_quantized<F, 64><<<grid, threads, 0, stream>>>(kv, k, v, slots); break;
+        case 128: kernels::kv_write_quantized<F, 128><<<grid, threads, 0, stream>>>(kv, k, v, slots); break;
+        case 256: kernels::kv_write_quantized<F, 256><<<grid, threads, 0, stream>>>(kv, k, v, slots); break;
+        default: throw std::invalid_argument("CUDA KV write: head_dim " + std::to_string(head_dim));
+      }
+    };
+    switch (kv.kv_dtype) {
+      case kernels::kKvFp8: launch.template operator()<kernels::kKvFp8>(); break;
+      case kernels::kKvInt8: launch.template operator()<kernels::kKvInt8>(); break;
+      case kernels::kKvNvfp4: launch.template operator()<kernels::kKvNvfp4>(); break;
+      default: throw std::invalid_argument("CUDA KV write: unknown KV format");
+    }
+    NINFER_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const int64_t width = kv.num_kv_heads * head_dim;
   const int threads = width >= 512 ? 512 : 128;
   kernels::kv_write<<<static_cast<unsigned int>(rows), threads, 0, stream>>>(kv, static_cast<int>(head_dim), k, v,

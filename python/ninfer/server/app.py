@@ -222,7 +222,7 @@ class NInferApp:
             for key in ("n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size", "ftype")
         }
         meta["n_ctx"] = self.served.max_context
-        for key in ("kv_capacity", "prefix_reuse"):  # the resolved shared KV pool
+        for key in ("kv_capacity", "kv_dtype", "prefix_reuse"):  # the resolved shared KV pool
             if key in info:
                 meta[key] = info[key]
         return {

@@ -131,6 +131,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         pending_timeout_ms=args.pending_timeout_ms,
         device=resolve_device(args.device),
         kv_capacity=kv_capacity or 0,
+        kv_dtype=getattr(args, "kv_dtype", "bf16"),
         vram_headroom_mib=1024 if headroom is None else headroom,
         prefix_reuse=not no_reuse,
         host_context_bytes=getattr(args, "host_context_bytes", None) or 0,
@@ -319,9 +320,10 @@ def _log_ready(served: ServedModel, config: EngineConfig, args: argparse.Namespa
     capacity = info.get("kv_capacity")
     if isinstance(capacity, int):
         log.info(
-            "KV pool: %d tokens (%s), prefix reuse %s",
+            "KV pool: %d tokens (%s, --kv-dtype %s), prefix reuse %s",
             capacity,
             "--kv-capacity" if config.kv_capacity else "auto",
+            config.kv_dtype,
             "on" if config.prefix_reuse else "off",
         )
         if config.prefix_reuse:

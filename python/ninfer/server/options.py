@@ -17,16 +17,15 @@ LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 # (flag, takes a value, feature)
 UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
     ("--rope-yarn-factor", True, "runtime YaRN scaling"),
-    ("--use-original-int8-prefill-kernel", False, "INT8 KV"),
+    ("--use-original-int8-prefill-kernel", False, "the original INT8-KV prompt kernel"),
     ("--prefill-8bit-pv", False, "quantized-KV prompt kernels"),
     ("--no-prefill-8bit-pv", False, "quantized-KV prompt kernels"),
-    ("--use-original-nvfp4-prefill-kernel", False, "NVFP4 KV"),
+    ("--use-original-nvfp4-prefill-kernel", False, "the original NVFP4-KV prompt kernel"),
     ("--prefill-split-workspace-mib", True, "split-KV prompt attention"),
     ("--context-cost-presets", True, "context-cost presets"),
     ("--media-cache-mib", True, "media input"),
     ("--media-live-mib", True, "media input"),
     ("--media-preprocess-threads", True, "media input"),
-    ("--kv-dtype", True, "quantized KV caches"),
     ("--draft-tree-nodes", True, "speculative decoding"),
     ("--draft-tree-paths", True, "speculative decoding"),
     ("--ngram-archive-mib", True, "n-gram drafting"),
@@ -42,7 +41,6 @@ UNAVAILABLE_OPTIONS: tuple[tuple[str, bool, str], ...] = (
 # setting that turns the feature off. Command lines copied from the spec's examples carry
 # them, so they are accepted (and named in a startup notice) instead of refused.
 NO_OP_VALUES: dict[str, tuple[str, ...]] = {
-    "--kv-dtype": ("bf16",),  # the one KV format this build stores
     "--rope-yarn-factor": ("1", "1.0"),  # the default: no YaRN scaling
     "--ngram-archive-mib": ("0",),  # the default: no n-gram archive
     "--vision-offload": ("off",),  # the default, and there is no vision tower to offload
@@ -73,6 +71,23 @@ class _RefuseOriginalCache(argparse.Action):
             "blocks and state snapshots); size it with --kv-capacity, --device-snapshot-slots "
             "and the --cache-tap-* options, or turn reuse off with --no-prefix-reuse"
         )
+
+
+# --kv-dtype: the KV formats this build stores, and those of the serving contract it does not
+# (the vector-quantized and mixed-width ones), refused by name.
+KV_DTYPES = ("bf16", "fp8", "int8", "nvfp4")
+UNBUILT_KV_DTYPES = ("k8v4", "vq2", "k4v2")
+
+
+def _kv_dtype(text: str) -> str:
+    if text in KV_DTYPES:
+        return text
+    built = ", ".join(KV_DTYPES)
+    if text in UNBUILT_KV_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not available in this build; the KV formats it stores are {built}"
+        )
+    raise argparse.ArgumentTypeError(f"expected one of {built}, got {text!r}")
 
 
 def _kv_capacity(text: str) -> int | None:
@@ -281,6 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="shared KV pool in tokens, or auto: the memory the model leaves free less "
         "--vram-headroom-mib (CPU: at most half the available RAM) (default: auto; "
         "lanes x --max-context with --no-prefix-reuse)",
+    )
+    cache.add_argument(
+        "--kv-dtype",
+        type=_kv_dtype,
+        default="bf16",
+        metavar="|".join(KV_DTYPES),
+        help="KV-cache storage: bf16 (unquantized), fp8 (e4m3), int8 or nvfp4 (e2m1 with e4m3 "
+        "scales per 16 values), each quantized format with one f32 scale per token and KV head "
+        "(default: bf16)",
     )
     cache.add_argument(
         "--vram-headroom-mib",

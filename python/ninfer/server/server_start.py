@@ -55,7 +55,7 @@ def server_start_record(
         artifact=str(artifact.resolve()),
         architecture=info.get("architecture"),
         public_name=served.public_id,
-        formats={"weights": info.get("ftype")},
+        formats={"weights": info.get("ftype"), "kv": info.get("kv_dtype", "bf16")},
         model={key: info.get(key) for key in ("n_vocab", "n_ctx_train", "n_embd", "n_params")},
         engine=dataclasses.asdict(config)
         | {
