@@ -146,7 +146,8 @@ class CudaFp8Gemm {
     if (ran && bd) cuda::launch_add_bias(yd.as<float>(), bd->as<float>(), m, rows, stream_);
     py::array_t<float> y({m, rows});
     std::vector<unsigned char> guard(kGuard);
-    NINFER_CUDA_CHECK(cudaMemcpyAsync(y.mutable_data(), yd.as<void>(), nan.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    NINFER_CUDA_CHECK(
+        cudaMemcpyAsync(y.mutable_data(), yd.as<void>(), nan.size() * 4, cudaMemcpyDeviceToHost, stream_));
     NINFER_CUDA_CHECK(cudaMemcpyAsync(guard.data(), yd.as<char>() + nan.size() * 4, kGuard, cudaMemcpyDeviceToHost,
                                       stream_));
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -257,7 +258,8 @@ class CudaFp8Gemm {
 
 void bind_cuda_fp8_gemm(py::module_& m) {
 #ifdef NINFER_WITH_CUDA
-  py::class_<CudaFp8Gemm>(m, "CudaFp8Gemm", "The FP8 prefill GEMM (cuBLASLt block-scaled) on numpy arrays, and timings.")
+  py::class_<CudaFp8Gemm>(m, "CudaFp8Gemm",
+                          "The FP8 prefill GEMM (cuBLASLt block-scaled) on numpy arrays, and timings.")
       .def(py::init<int>(), py::arg("device") = 0)
       .def("quantize", &CudaFp8Gemm::quantize, py::arg("x"))
       .def("matmul", &CudaFp8Gemm::matmul, py::arg("x"), py::arg("dtype"), py::arg("blob"), py::arg("rows"),

@@ -12,6 +12,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
+export CUBLASLT_LOG_LEVEL=${CUBLASLT_LOG_LEVEL:-1}  # cuBLASLt's own error messages (why a heuristic refused)
 py=${PYTHON:-python3}
 status=0
 left() { echo $(( deadline - $(date +%s) )); }

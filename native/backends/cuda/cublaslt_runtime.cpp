@@ -104,7 +104,8 @@ void CublasLtRuntime::destroy_handle(void* handle) const {
 }
 
 std::string CublasLtRuntime::plan_fp8_block(void* handle, int64_t m, int64_t n, int64_t k, cudaDataType_t y_type,
-                                            size_t max_workspace, uint32_t alignment, LtFp8Plan& plan) const {
+                                            size_t max_workspace, uint32_t alignment,
+                                            const void* scale_placeholder, LtFp8Plan& plan) const {
   const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
   auto check = [&](int status, const char* what) {
     if (status != 0) throw std::runtime_error(std::string(what) + " failed with status " + std::to_string(status));
@@ -117,6 +118,10 @@ std::string CublasLtRuntime::plan_fp8_block(void* handle, int64_t m, int64_t n, 
     check(desc_set_(plan.desc, kDescTransB, &op_n, sizeof(op_n)), "set TRANSB");
     check(desc_set_(plan.desc, kDescAScaleMode, &w_mode, sizeof(w_mode)), "set A_SCALE_MODE");
     check(desc_set_(plan.desc, kDescBScaleMode, &x_mode, sizeof(x_mode)), "set B_SCALE_MODE");
+    check(desc_set_(plan.desc, kDescAScalePointer, &scale_placeholder, sizeof(scale_placeholder)),
+          "set A_SCALE_POINTER");
+    check(desc_set_(plan.desc, kDescBScalePointer, &scale_placeholder, sizeof(scale_placeholder)),
+          "set B_SCALE_POINTER");
     check(layout_create_(&plan.layout_w, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
           "layout w");
     check(layout_create_(&plan.layout_x, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
@@ -162,7 +167,8 @@ void CublasLtRuntime::run_fp8_block(void* handle, LtFp8Plan& plan, const void* w
   if (status == 0)
     status = matmul_(handle, plan.desc, &alpha, w, plan.layout_w, x, plan.layout_x, &beta, y, plan.layout_y, y,
                      plan.layout_y, plan.algo, workspace, workspace_bytes, stream);
-  if (status != 0) throw std::runtime_error("cublasLtMatmul (fp8 block-scaled) failed with status " + std::to_string(status));
+  if (status != 0)
+    throw std::runtime_error("cublasLtMatmul (fp8 block-scaled) failed with status " + std::to_string(status));
 }
 
 void CublasLtRuntime::destroy_plan(LtFp8Plan& plan) const {

@@ -39,8 +39,12 @@ class CublasLtRuntime {
   // (k × m, op N), y is D (n × m, ld n) of y_type (CUDA_R_32F or CUDA_R_16BF). Scales: w's
   // [ceil(n / 128), round_up(k / 128, 4)] row-major; x's [k / 128, m] (token-major).
   // `alignment`: the bytes every data pointer of the runs is aligned to (at most 256).
+  // `scale_placeholder`: a 256-byte aligned device address set as both scale pointers while
+  // the heuristic runs (block-scaled modes are refused with status 7 without them; the runs
+  // set the real ones, which must be 256-byte aligned too).
   std::string plan_fp8_block(void* handle, int64_t m, int64_t n, int64_t k, cudaDataType_t y_type,
-                             size_t max_workspace, uint32_t alignment, LtFp8Plan& plan) const;
+                             size_t max_workspace, uint32_t alignment, const void* scale_placeholder,
+                             LtFp8Plan& plan) const;
   void run_fp8_block(void* handle, LtFp8Plan& plan, const void* w, const float* w_scales, const void* x,
                      const float* x_scales, void* y, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream) const;

@@ -99,12 +99,16 @@ Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t
   }
   Plan& p = plans_[key];
   const auto& lt = CublasLtRuntime::get();
+  // The workspace stands in for the scale tensors while the heuristic runs (256-byte aligned).
+  const void* placeholder = workspace_.get(kWorkspaceBytes, stream_);
   // f32 output first (what the backend's activations are); bf16 plus a widening pass if the
   // library has no f32-output kernel for this mode.
-  std::string refused = lt.plan_fp8_block(handle_, m, n, k, CUDA_R_32F, kWorkspaceBytes, alignment, p.lt);
+  std::string refused =
+      lt.plan_fp8_block(handle_, m, n, k, CUDA_R_32F, kWorkspaceBytes, alignment, placeholder, p.lt);
   if (refused.empty()) return p;
   if (n % 8 == 0) {
-    const std::string bf16 = lt.plan_fp8_block(handle_, m, n, k, CUDA_R_16BF, kWorkspaceBytes, std::min<uint32_t>(alignment, 256), p.lt);
+    const std::string bf16 =
+        lt.plan_fp8_block(handle_, m, n, k, CUDA_R_16BF, kWorkspaceBytes, alignment, placeholder, p.lt);
     if (bf16.empty()) {
       p.y_type = CUDA_R_16BF;
       return p;
@@ -118,7 +122,8 @@ Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t
 const float* Fp8BlockGemm::weight_scales(const Weight& w) {
   const int64_t cb = w.cols / kFp8Block, ld = round_up4(cb), nb = (w.rows + kFp8Block - 1) / kFp8Block;
   const float* base = static_cast<const float*>(w.scales) + fp8_scale_row(w) * cb;
-  if (ld == cb) return base;
+  // Used in place when already in cuBLASLt's layout and as aligned as the plans assumed.
+  if (ld == cb && reinterpret_cast<uintptr_t>(base) % 256 == 0) return base;
   const auto key = std::make_pair(static_cast<const void*>(base), nb);
   if (auto it = padded_scales_.find(key); it != padded_scales_.end()) return it->second;
   float* padded = nullptr;

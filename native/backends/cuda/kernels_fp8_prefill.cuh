@@ -32,7 +32,9 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d, f
       __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(a, s), __fdiv_rn(b, s)), __NV_SATFINITE, __NV_E4M3);
   const __nv_fp8x2_storage_t hi =
       __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(c, s), __fdiv_rn(d, s)), __NV_SATFINITE, __NV_E4M3);
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  const uint32_t codes = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  // -0 (0x80, from a tiny negative value) as +0, the converter's code for zero
+  return codes & ~(__vcmpeq4(codes, 0x80808080u) & 0x80808080u);
 }
 
 // One warp per (row, 128-column group): each lane quantizes 4 consecutive values.
