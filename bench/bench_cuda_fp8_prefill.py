@@ -61,23 +61,34 @@ def median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def gemm_table(kernels, rates: dict) -> list[dict]:
+def timed_ms(kernels, path: str, n: int, k: int, m: int, reps: int) -> float | None:
+    """Median device time, or None (and the reason printed) when the path refuses the shape."""
+    try:
+        return median(kernels.time(path, n, k, m, reps))
+    except RuntimeError as exc:
+        print(f"{path} [{m} x {n} x {k}] not timed: {exc}", flush=True)
+        return None
+
+
+def gemm_table(kernels) -> list[dict]:
     rows = []
     for name, n, k in SHAPES_27B:
         flops = 2.0 * TOKENS * n * k
         row = {"name": name, "rows": n, "k": k}
         for path in GEMM_PATHS:
-            ms = median(kernels.time(path, n, k, TOKENS, 5))
-            row[path] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+            ms = timed_ms(kernels, path, n, k, TOKENS, 5)
+            row[path] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12 if ms else None}
         rows.append(row)
         print(
-            f"{name:16s} [{n} x {k}] "
-            + " ".join(
-                f"{p} {row[p]['ms']:.3f} ms ({row[p]['tflops']:.0f} TF)" for p in GEMM_PATHS
-            ),
-            flush=True,
+            f"{name:16s} [{n} x {k}] " + " ".join(cell(row[p], p) for p in GEMM_PATHS), flush=True
         )
     return rows
+
+
+def cell(entry: dict, label: str = "") -> str:
+    if entry["ms"] is None:
+        return f"{label} –".strip()
+    return f"{label} {entry['ms']:.3f} ms ({entry['tflops']:.0f})".strip()
 
 
 def floor_seconds(cfg: dict, rates: dict, fmt: str) -> float:
@@ -88,6 +99,8 @@ def floor_seconds(cfg: dict, rates: dict, fmt: str) -> float:
     text = cfg.get("text_config", cfg)
     dense = 2.0 * TOKENS * (counts["dense_params"] - text["vocab_size"] * text["hidden_size"])
     fast = rates["fp8"] if fmt == "fp8" else rates["bf16"]
+    if fast is None:  # the FP8 GEMM was refused: no FP8 floor
+        return float("nan")
     return dense / fast + (total - dense) / rates["bf16"]
 
 
@@ -166,10 +179,10 @@ def run_shape(name: str, dtype: str, rates: dict) -> list[dict]:
 
 def to_markdown(result: dict) -> str:
     r = result["rates"]
+    fp8 = f"{r['fp8'] / 1e12:.0f} TFLOP/s" if r["fp8"] else "refused (see the log)"
     lines = [
         f"Rates (same process): bf16 GEMM 8192³ {r['bf16'] / 1e12:.0f} TFLOP/s, "
-        "FP8 block-scaled GEMM "
-        f"8192³ {r['fp8'] / 1e12:.0f} TFLOP/s.",
+        f"FP8 block-scaled GEMM 8192³ {fp8}.",
         "",
         "| 27B matmul, 8192 tokens | " + " | ".join(GEMM_PATHS) + " |",
         "| --- |" + " ---: |" * len(GEMM_PATHS),
@@ -177,7 +190,7 @@ def to_markdown(result: dict) -> str:
     for row in result["gemm"]:
         lines.append(
             f"| {row['name']} [{row['rows']} × {row['k']}] | "
-            + " | ".join(f"{row[p]['ms']:.3f} ms ({row[p]['tflops']:.0f})" for p in GEMM_PATHS)
+            + " | ".join(cell(row[p]) for p in GEMM_PATHS)
             + " |"
         )
     lines += [
@@ -206,21 +219,19 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     kernels = _core.CudaFp8Gemm(0)
-    rates = {
-        "bf16": gemm_rate(),
-        "fp8": 2.0 * 8192**3 / (median(kernels.time("fp8-gemm", 8192, 8192, 8192, 10)) * 1e-3),
-    }
+    fp8_ms = timed_ms(kernels, "fp8-gemm", 8192, 8192, 8192, 10)
+    rates = {"bf16": gemm_rate(), "fp8": 2.0 * 8192**3 / (fp8_ms * 1e-3) if fp8_ms else None}
     torch.cuda.empty_cache()
     print(
         f"rates: bf16 GEMM {rates['bf16'] / 1e12:.0f} TFLOP/s, "
-        f"FP8 block GEMM {rates['fp8'] / 1e12:.0f} TFLOP/s",
+        f"FP8 block GEMM {rates['fp8'] / 1e12 if rates['fp8'] else float('nan'):.0f} TFLOP/s",
         flush=True,
     )
     result: dict = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name(0),
         "rates": rates,
-        "gemm": gemm_table(kernels, rates),
+        "gemm": gemm_table(kernels),
         "prefill": [],
         "not_run": [],
     }
