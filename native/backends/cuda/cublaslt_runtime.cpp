@@ -104,9 +104,10 @@ void CublasLtRuntime::destroy_handle(void* handle) const {
 }
 
 std::string CublasLtRuntime::plan_fp8_block(void* handle, int64_t m, int64_t n, int64_t k, cudaDataType_t y_type,
-                                            size_t max_workspace, uint32_t alignment,
+                                            bool x_first, size_t max_workspace, uint32_t alignment,
                                             const void* scale_placeholder, LtFp8Plan& plan) const {
-  const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                            (x_first ? " (x as A)" : "");
   auto check = [&](int status, const char* what) {
     if (status != 0) throw std::runtime_error(std::string(what) + " failed with status " + std::to_string(status));
   };
@@ -116,8 +117,8 @@ std::string CublasLtRuntime::plan_fp8_block(void* handle, int64_t m, int64_t n, 
     const int32_t op_t = kOpT, op_n = kOpN, w_mode = kScaleBlk128x128F32, x_mode = kScaleVec128F32;
     check(desc_set_(plan.desc, kDescTransA, &op_t, sizeof(op_t)), "set TRANSA");
     check(desc_set_(plan.desc, kDescTransB, &op_n, sizeof(op_n)), "set TRANSB");
-    check(desc_set_(plan.desc, kDescAScaleMode, &w_mode, sizeof(w_mode)), "set A_SCALE_MODE");
-    check(desc_set_(plan.desc, kDescBScaleMode, &x_mode, sizeof(x_mode)), "set B_SCALE_MODE");
+    check(desc_set_(plan.desc, kDescAScaleMode, x_first ? &x_mode : &w_mode, sizeof(w_mode)), "set A_SCALE_MODE");
+    check(desc_set_(plan.desc, kDescBScaleMode, x_first ? &w_mode : &x_mode, sizeof(x_mode)), "set B_SCALE_MODE");
     check(desc_set_(plan.desc, kDescAScalePointer, &scale_placeholder, sizeof(scale_placeholder)),
           "set A_SCALE_POINTER");
     check(desc_set_(plan.desc, kDescBScalePointer, &scale_placeholder, sizeof(scale_placeholder)),
@@ -126,7 +127,12 @@ std::string CublasLtRuntime::plan_fp8_block(void* handle, int64_t m, int64_t n, 
           "layout w");
     check(layout_create_(&plan.layout_x, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
           "layout x");
-    check(layout_create_(&plan.layout_y, y_type, static_cast<uint64_t>(n), static_cast<uint64_t>(m), n), "layout y");
+    if (x_first)
+      check(layout_create_(&plan.layout_y, y_type, static_cast<uint64_t>(m), static_cast<uint64_t>(n), m),
+            "layout y");
+    else
+      check(layout_create_(&plan.layout_y, y_type, static_cast<uint64_t>(n), static_cast<uint64_t>(m), n),
+            "layout y");
   } catch (const std::exception& e) {
     destroy_plan(plan);
     return shape + ": " + e.what();
@@ -144,8 +150,9 @@ std::string CublasLtRuntime::plan_fp8_block(void* handle, int64_t m, int64_t n, 
   for (const int attr : {kPrefMinAlignA, kPrefMinAlignB, kPrefMinAlignC, kPrefMinAlignD})
     if (status == 0) status = pref_set_(pref, attr, &alignment, sizeof(alignment));
   if (status == 0)
-    status = heuristic_(handle, plan.desc, plan.layout_w, plan.layout_x, plan.layout_y, plan.layout_y, pref, 4,
-                        results, &found);
+    status = heuristic_(handle, plan.desc, x_first ? plan.layout_x : plan.layout_w,
+                        x_first ? plan.layout_w : plan.layout_x, plan.layout_y, plan.layout_y, pref, 4, results,
+                        &found);
   pref_destroy_(pref);
   if (status != 0 || found == 0) {
     destroy_plan(plan);
@@ -154,6 +161,7 @@ std::string CublasLtRuntime::plan_fp8_block(void* handle, int64_t m, int64_t n, 
   }
   std::memcpy(plan.algo, results[0].algo, sizeof(plan.algo));
   plan.workspace = results[0].workspace_size;
+  plan.x_first = x_first;
   return "";
 }
 
@@ -161,12 +169,17 @@ void CublasLtRuntime::run_fp8_block(void* handle, LtFp8Plan& plan, const void* w
                                     const void* x, const float* x_scales, void* y, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream) const {
   // The scale pointers live in the descriptor: set for this run (the host-side set is cheap).
-  int status = desc_set_(plan.desc, kDescAScalePointer, &w_scales, sizeof(w_scales));
-  if (status == 0) status = desc_set_(plan.desc, kDescBScalePointer, &x_scales, sizeof(x_scales));
+  const float* a_scales = plan.x_first ? x_scales : w_scales;
+  const float* b_scales = plan.x_first ? w_scales : x_scales;
+  int status = desc_set_(plan.desc, kDescAScalePointer, &a_scales, sizeof(a_scales));
+  if (status == 0) status = desc_set_(plan.desc, kDescBScalePointer, &b_scales, sizeof(b_scales));
   const float alpha = 1.0f, beta = 0.0f;
+  const void* a = plan.x_first ? x : w;
+  const void* b = plan.x_first ? w : x;
   if (status == 0)
-    status = matmul_(handle, plan.desc, &alpha, w, plan.layout_w, x, plan.layout_x, &beta, y, plan.layout_y, y,
-                     plan.layout_y, plan.algo, workspace, workspace_bytes, stream);
+    status = matmul_(handle, plan.desc, &alpha, a, plan.x_first ? plan.layout_x : plan.layout_w, b,
+                     plan.x_first ? plan.layout_w : plan.layout_x, &beta, y, plan.layout_y, y, plan.layout_y,
+                     plan.algo, workspace, workspace_bytes, stream);
   if (status != 0)
     throw std::runtime_error("cublasLtMatmul (fp8 block-scaled) failed with status " + std::to_string(status));
 }

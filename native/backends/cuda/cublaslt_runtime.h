@@ -17,6 +17,7 @@ namespace ninfer::cuda {
 // The descriptors and the heuristic's algorithm of one (m, n, k, output type): made once per
 // shape; the scale and data pointers are set at every run.
 struct LtFp8Plan {
+  bool x_first = false;  // x is cuBLASLt's A and w its B: y comes out transposed, [n, m]
   void* desc = nullptr;
   void* layout_w = nullptr;
   void* layout_x = nullptr;
@@ -36,13 +37,15 @@ class CublasLtRuntime {
 
   // Builds the plan; returns "" or why cuBLASLt refused the shape (no algorithm, bad status).
   // Layouts, column-major as cuBLASLt sees the row-major operands: w is A (k × n, op T), x is B
-  // (k × m, op N), y is D (n × m, ld n) of y_type (CUDA_R_32F or CUDA_R_16BF). Scales: w's
-  // [ceil(n / 128), round_up(k / 128, 4)] row-major; x's [k / 128, m] (token-major).
+  // (k × m, op N), y is D (n × m, ld n, i.e. row-major [m, n]) of y_type (CUDA_R_32F or
+  // CUDA_R_16BF); with x_first, x is A (k × m, op T) and w is B (k × n, op N), and D is m × n
+  // (ld m: row-major [n, m], the transpose). Scales, either way: w's [ceil(n / 128),
+  // round_up(k / 128, 4)] row-major; x's [k / 128, m] (token-major).
   // `alignment`: the bytes every data pointer of the runs is aligned to (at most 256).
   // `scale_placeholder`: a 256-byte aligned device address set as both scale pointers while
   // the heuristic runs (block-scaled modes are refused with status 7 without them; the runs
   // set the real ones, which must be 256-byte aligned too).
-  std::string plan_fp8_block(void* handle, int64_t m, int64_t n, int64_t k, cudaDataType_t y_type,
+  std::string plan_fp8_block(void* handle, int64_t m, int64_t n, int64_t k, cudaDataType_t y_type, bool x_first,
                              size_t max_workspace, uint32_t alignment, const void* scale_placeholder,
                              LtFp8Plan& plan) const;
   void run_fp8_block(void* handle, LtFp8Plan& plan, const void* w, const float* w_scales, const void* x,

@@ -101,19 +101,22 @@ Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t
   const auto& lt = CublasLtRuntime::get();
   // The workspace stands in for the scale tensors while the heuristic runs (256-byte aligned).
   const void* placeholder = workspace_.get(kWorkspaceBytes, stream_);
-  // f32 output first (what the backend's activations are); bf16 plus a widening pass if the
-  // library has no f32-output kernel for this mode.
-  std::string refused =
-      lt.plan_fp8_block(handle_, m, n, k, CUDA_R_32F, kWorkspaceBytes, alignment, placeholder, p.lt);
-  if (refused.empty()) return p;
-  if (n % 8 == 0) {
-    const std::string bf16 =
-        lt.plan_fp8_block(handle_, m, n, k, CUDA_R_16BF, kWorkspaceBytes, alignment, placeholder, p.lt);
-    if (bf16.empty()) {
-      p.y_type = CUDA_R_16BF;
-      return p;
+  // f32 output first (what the backend's activations are), then bf16 plus a widening pass;
+  // each with the weight as cuBLASLt's A (y comes out row-major) and then, should that pairing
+  // of scale modes be refused, with x as A (y comes out transposed and a pass turns it).
+  std::string refused;
+  for (const bool x_first : {false, true}) {
+    for (const cudaDataType_t type : {CUDA_R_32F, CUDA_R_16BF}) {
+      const int64_t ld = x_first ? m : n;  // of the output: rows of 16 bytes
+      if (ld % (type == CUDA_R_32F ? 4 : 8) != 0) continue;
+      const std::string why =
+          lt.plan_fp8_block(handle_, m, n, k, type, x_first, kWorkspaceBytes, alignment, placeholder, p.lt);
+      if (why.empty()) {
+        p.y_type = type;
+        return p;
+      }
+      refused += (refused.empty() ? "" : "; ") + why + (type == CUDA_R_16BF ? " [bf16 out]" : "");
     }
-    refused += "; bf16 output: " + bf16;
   }
   p.refused = refused;
   return p;
@@ -193,13 +196,15 @@ void Fp8BlockGemm::run(const uint8_t* w_codes, const float* w_scales, int64_t n,
   auto gemm = [&](int64_t rows, uint32_t alignment, const uint8_t* x, const float* xs, float* out) {
     Plan& p = plan(rows, n, k_, alignment);
     if (!p.refused.empty()) throw std::runtime_error("Fp8BlockGemm: " + p.refused);
-    if (p.y_type == CUDA_R_32F) {
+    if (p.y_type == CUDA_R_32F && !p.lt.x_first) {
       lt.run_fp8_block(handle_, p.lt, w_codes, w_scales, x, xs, out, ws, kWorkspaceBytes, stream_);
       return;
     }
-    auto* yb = static_cast<uint16_t*>(y_bf16_.get(static_cast<size_t>(rows * n) * 2, stream_));
-    lt.run_fp8_block(handle_, p.lt, w_codes, w_scales, x, xs, yb, ws, kWorkspaceBytes, stream_);
-    launch_bf16_to_f32(yb, out, rows * n, stream_);
+    const bool bf16 = p.y_type == CUDA_R_16BF;
+    void* staged = y_staged_.get(static_cast<size_t>(rows * n) * (bf16 ? 2 : 4), stream_);
+    lt.run_fp8_block(handle_, p.lt, w_codes, w_scales, x, xs, staged, ws, kWorkspaceBytes, stream_);
+    if (p.lt.x_first) launch_transpose_to_f32(staged, bf16, n, rows, out, stream_);  // [n, rows] -> [rows, n]
+    else launch_bf16_to_f32(static_cast<const uint16_t*>(staged), out, rows * n, stream_);
   };
   const auto shapes = gemms(w_codes, y, n);
   gemm(main, shapes[0].second, x_codes_, x_scales_, y);

@@ -4,7 +4,9 @@
 // re-quantization into 128×128 FP8 blocks (lossy: e4m3 keeps 4 significant bits of the
 // e2m1·scale products' up to 6; opt-in, see docs/artifact-format.md).
 //
-// cuBLASLt's block-scaled modes need at least 16 rows and a token count that keeps the
+// The weight is cuBLASLt's A operand (BLK128x128) and x its B (VEC128), so y comes out
+// row-major; should that pairing be refused, x as A is tried, its transposed output staged and
+// turned. cuBLASLt's block-scaled modes need at least 16 rows and a token count that keeps the
 // token-major activation scales 16-byte aligned (a multiple of 4): the first m & ~3 rows go
 // through one GEMM and, when m % 4 != 0, a second 16-row GEMM covers the last 16 rows
 // (rewriting up to 12 of them with the same values). Plans (descriptors and the heuristic's
@@ -88,7 +90,7 @@ class Fp8BlockGemm {
   void* handle_ = nullptr;
   std::map<std::tuple<int64_t, int64_t, int64_t, uint32_t>, Plan> plans_;
   std::map<std::pair<const void*, int64_t>, float*> padded_scales_;
-  DeviceScratch workspace_, x_codes_buf_, x_scales_buf_, tail_scales_buf_, w_bf16_, w_codes_, w_scales_, y_bf16_;
+  DeviceScratch workspace_, x_codes_buf_, x_scales_buf_, tail_scales_buf_, w_bf16_, w_codes_, w_scales_, y_staged_;
   const uint8_t* x_codes_ = nullptr;
   const float* x_scales_ = nullptr;
   const float* tail_scales_ = nullptr;

@@ -96,6 +96,26 @@ __global__ void __launch_bounds__(256) requantize_bf16_to_fp8_blocks(const uint1
   }
 }
 
+// out[c, r] = in[r, c] as f32 for an in of [rows, cols] (f32 or bf16): a GEMM whose output
+// came out transposed. 32×32 tiles through shared memory, blocks of 32 × 8 threads.
+template <typename T>
+__global__ void transpose_to_f32(const T* __restrict__ in, int64_t rows, int64_t cols, float* __restrict__ out) {
+  __shared__ float tile[32][33];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * 32, r0 = static_cast<int64_t>(blockIdx.y) * 32;
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      if constexpr (sizeof(T) == 2) tile[i][threadIdx.x] = bf16_bits_to_float(in[r * cols + c]);
+      else tile[i][threadIdx.x] = in[r * cols + c];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 __global__ void bf16_to_f32(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)

@@ -27,6 +27,17 @@ void launch_requantize_bf16_to_fp8_blocks(const uint16_t* w, int64_t n, int64_t 
   NINFER_CUDA_CHECK(cudaGetLastError());
 }
 
+void launch_transpose_to_f32(const void* in, bool bf16, int64_t rows, int64_t cols, float* out, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(static_cast<unsigned int>((cols + 31) / 32), static_cast<unsigned int>((rows + 31) / 32)),
+      block(32, 8);
+  if (bf16)
+    kernels::transpose_to_f32<<<grid, block, 0, stream>>>(static_cast<const uint16_t*>(in), rows, cols, out);
+  else
+    kernels::transpose_to_f32<<<grid, block, 0, stream>>>(static_cast<const float*>(in), rows, cols, out);
+  NINFER_CUDA_CHECK(cudaGetLastError());
+}
+
 void launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   const unsigned int blocks = static_cast<unsigned int>(std::min<int64_t>((n + 255) / 256, 4096));

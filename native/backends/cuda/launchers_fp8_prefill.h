@@ -24,6 +24,10 @@ void launch_quantize_fp8_activations(const float* x, int64_t m, int64_t k, uint8
 void launch_requantize_bf16_to_fp8_blocks(const uint16_t* w, int64_t n, int64_t k, uint8_t* codes, float* scales,
                                           int64_t scale_ld, cudaStream_t stream);
 
+// out[c, r] = in[r, c] for in [rows, cols] of f32 (or bf16 bits when bf16): a GEMM whose output
+// came out transposed.
+void launch_transpose_to_f32(const void* in, bool bf16, int64_t rows, int64_t cols, float* out, cudaStream_t stream);
+
 // y[i] = f32 of the bf16 values x[i] (a GEMM written in bf16 when f32 output is refused).
 void launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 
