@@ -119,6 +119,19 @@ def test_fp8_gemm_matches_float64(gemm, m, rows, k):
     check_gemm(gemm, x, "fp8", blob, dequantize_fp8(blob, (rows, k)), rows, bias)
 
 
+@pytest.mark.parametrize(("m", "rows", "k"), [(17, 200, 640), (1000, 1024, 1024)])
+def test_fp8_gemm_with_x_as_cublaslt_a_matches_float64(m, rows, k):
+    """The fallback pairing (x as cuBLASLt's A, the transposed output turned back)."""
+    try:
+        swapped = _core.CudaFp8Gemm(0, x_first=True)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    rng = np.random.default_rng([m, rows, k, 9])
+    x = uneven_activations(rng, m, k)
+    blob = quantize_fp8(uneven_weight(rng, rows, k))
+    check_gemm(swapped, x, "fp8", blob, dequantize_fp8(blob, (rows, k)), rows)
+
+
 def test_fp8_gemm_refuses_what_it_cannot_take(gemm):
     rng = np.random.default_rng(1)
     blob = quantize_fp8(uneven_weight(rng, 64, 96))

@@ -68,11 +68,12 @@ constexpr unsigned char kGuardByte = 0xa5;
 
 class CudaFp8Gemm {
  public:
-  explicit CudaFp8Gemm(int device) : device_(device) {
+  CudaFp8Gemm(int device, bool x_first) : device_(device) {
     NINFER_CUDA_CHECK(cudaSetDevice(device));
     if (!cuda::Fp8BlockGemm::available()) throw std::runtime_error(cuda::Fp8BlockGemm::why());
     NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::Fp8BlockGemm>(stream_);
+    gemm_->force_x_first(x_first);
   }
   ~CudaFp8Gemm() {
     cudaSetDevice(device_);
@@ -260,7 +261,8 @@ void bind_cuda_fp8_gemm(py::module_& m) {
 #ifdef NINFER_WITH_CUDA
   py::class_<CudaFp8Gemm>(m, "CudaFp8Gemm",
                           "The FP8 prefill GEMM (cuBLASLt block-scaled) on numpy arrays, and timings.")
-      .def(py::init<int>(), py::arg("device") = 0)
+      .def(py::init<int, bool>(), py::arg("device") = 0, py::arg("x_first") = false,
+           "x_first: only the pairing with x as cuBLASLt's A (its output transposed back), for tests")
       .def("quantize", &CudaFp8Gemm::quantize, py::arg("x"))
       .def("matmul", &CudaFp8Gemm::matmul, py::arg("x"), py::arg("dtype"), py::arg("blob"), py::arg("rows"),
            py::arg("bias") = py::none())

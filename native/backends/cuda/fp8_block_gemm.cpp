@@ -106,6 +106,7 @@ Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t
   // of scale modes be refused, with x as A (y comes out transposed and a pass turns it).
   std::string refused;
   for (const bool x_first : {false, true}) {
+    if (force_x_first_ && !x_first) continue;
     for (const cudaDataType_t type : {CUDA_R_32F, CUDA_R_16BF}) {
       const int64_t ld = x_first ? m : n;  // of the output: rows of 16 bytes
       if (ld % (type == CUDA_R_32F ? 4 : 8) != 0) continue;

@@ -73,6 +73,8 @@ class Fp8BlockGemm {
   std::pair<const uint8_t*, const float*> requantize(const Weight& nvfp4_weight);
   // Drops the cached padded weight scales (their weights are gone).
   void forget_weights();
+  // Tests: plan only the x-as-A pairing (the fallback when the weight-as-A one is refused).
+  void force_x_first(bool on) { force_x_first_ = on; }
 
  private:
   struct Plan {
@@ -96,6 +98,7 @@ class Fp8BlockGemm {
   const float* tail_scales_ = nullptr;
   int64_t m_ = 0, k_ = 0;
   std::string refusal_;
+  bool force_x_first_ = false;
 };
 
 }  // namespace ninfer::cuda
