@@ -282,6 +282,7 @@ def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, mode, tmp_path, monke
 
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0" if mode.startswith("eager") else "1")
     monkeypatch.setenv("NINFER_CUDA_PDL", "0" if mode.endswith("nopdl") else "1")
+    monkeypatch.setenv("NINFER_FP8_GEMM", "0")  # W8A16 prefill; the W8A8 one: test_cuda_fp8_gemm.py
     path = make_random_artifact(CONFIG, tmp_path / "q.ninfer", dtype=dtype, tokenizer="synthetic")
     twin = f32_twin(path, tmp_path / "twin.ninfer")
     ids = np.random.default_rng(3).integers(0, 512, size=40).tolist()

@@ -25,6 +25,7 @@ SamplingBatch sampling_batch_from(const pybind11::list& rows);  // sampling_bind
 void bind_cuda_gemv(pybind11::module_& m);    // cuda_gemv_bindings.cpp (called by bind_cuda)
 void bind_cuda_quant(pybind11::module_& m);   // cuda_quant_bindings.cpp (called by bind_cuda)
 void bind_cuda_moe_decode(pybind11::module_& m);  // cuda_moe_decode_bindings.cpp (called by bind_cuda)
+void bind_cuda_fp8_gemm(pybind11::module_& m);  // cuda_fp8_gemm_bindings.cpp (called by bind_cuda)
 void bind_grammar(pybind11::module_& m);      // grammar_bindings.cpp (called by bind_engine)
 pybind11::dict constraint_stats_dict(const ConstraintStats& stats);  // grammar_bindings.cpp
 // Compiles with the GIL released; kind as GrammarKind's name.

@@ -440,6 +440,7 @@ void bind_cuda(py::module_& m) {
   bind_cuda_gemv(m);
   bind_cuda_quant(m);
   bind_cuda_moe_decode(m);
+  bind_cuda_fp8_gemm(m);
 #else
   m.def("cuda_device_count", [] { return 0; }, "CUDA devices visible (this build has no CUDA backend).");
   m.def("cuda_graph_replays", [] { return 0; }, "Decode steps replayed as CUDA graphs (no CUDA backend: 0).");

@@ -116,6 +116,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_) cudaStreamSynchronize(stream_);
   graphs_.clear();
+  fp8_gemm_.reset();  // before the stream it runs on
   if (cublas_) CublasRuntime::get().destroy_handle(cublas_);
   if (gemv_memory_) cudaFree(gemv_memory_);
   for (const auto& chunk : arena_) cudaFree(chunk.ptr);

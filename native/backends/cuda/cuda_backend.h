@@ -39,6 +39,8 @@
 
 namespace ninfer::cuda {
 
+class Fp8BlockGemm;  // fp8_block_gemm.h
+
 // CUDA devices visible to this process (0 without a driver or device).
 int device_count();
 
@@ -241,6 +243,8 @@ class CudaBackend final : public Backend {
 
   DeviceScratch x_bf16_, partials_;
   DeviceScratch w_bf16_;  // a quantized weight dequantized for a prefill GEMM
+  std::shared_ptr<Fp8BlockGemm> fp8_gemm_;  // FP8 prefill GEMMs (made at first use; null without cuBLASLt)
+  bool fp8_gemm_tried_ = false;
   void* gemv_memory_ = nullptr;  // the GEMV's workspace (zeroed once, reused by every launch)
   GemvWorkspace gemv_workspace_;
   MetadataSlot tokens_, positions_, inv_freq_, kv_slots_, attention_plan_, gather_rows_;

@@ -1,11 +1,13 @@
 // The CUDA backend's FP8/NVFP4 weights: upload, random weights and matmuls.
 //
 // Dense weights stay in their stored format on the device: decode-sized batches (m <= 16) run
-// the dequantizing GEMV (W8A16 / W4A16), larger ones dequantize the weight into a bf16 scratch
-// and run the bf16 cuBLAS GEMM (prefill; the weight is read once more than its bf16 twin
-// would be, a few percent of an 8k chunk's time). Expert stacks stay in their stored format
-// too: decode reads them quantized, the grouped prefill GEMMs dequantize them per call
-// (cuda_backend_moe_fused.cpp).
+// the dequantizing GEMV (W8A16 / W4A16). Larger ones (prefill): FP8 weights run cuBLASLt's
+// block-scaled FP8 GEMM on activations quantized per token and 128 columns (W8A8,
+// fp8_block_gemm.h); NVFP4 weights, and FP8 shapes that path does not take (k % 128 != 0, or
+// NINFER_FP8_GEMM=0), dequantize the weight into a bf16 scratch and run the bf16 cuBLAS GEMM
+// (NINFER_NVFP4_PREFILL=fp8 sends NVFP4 through the FP8 GEMM after a lossy re-quantization).
+// Expert stacks stay in their stored format too: decode reads them quantized, the grouped
+// prefill GEMMs dequantize them per call (cuda_backend_moe_fused.cpp).
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -14,6 +16,7 @@
 #include "backends/cuda/cublas_runtime.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/fp8_block_gemm.h"
 #include "backends/cuda/launchers_quant.h"
 #include "backends/quantized_weight.h"
 
@@ -86,8 +89,31 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
   }
   note(-17);
   if (dry()) return;
+  // FP8 weights (and NVFP4 ones when NINFER_NVFP4_PREFILL=fp8): x quantized once to e4m3 per
+  // token and 128 columns, block-scaled FP8 GEMMs on the tensor cores (fp8_block_gemm.h).
+  Fp8BlockGemm* fp8 = nullptr;
+  const bool nvfp4_fp8 = nvfp4_prefill_via_fp8();
+  if (fp8_gemm_enabled() && std::any_of(outputs.begin(), outputs.end(), [&](const MatmulOutput& o) {
+        return Fp8BlockGemm::accepts(*o.weight, m, nvfp4_fp8);
+      })) {
+    if (!fp8_gemm_tried_) {
+      fp8_gemm_tried_ = true;
+      if (Fp8BlockGemm::available()) fp8_gemm_ = std::make_shared<Fp8BlockGemm>(stream_);
+    }
+    fp8 = fp8_gemm_.get();
+  }
+  bool x_quantized = false, x_converted = false;
+  uint16_t* xb = nullptr;
   for (const auto& o : outputs) {
     const Weight& w = *o.weight;
+    if (fp8 && Fp8BlockGemm::accepts(w, m, nvfp4_fp8)) {
+      if (!x_quantized) fp8->quantize_activations(x, m, k);
+      x_quantized = true;
+      if (fp8->matmul(w, o.y)) {
+        if (o.bias) launch_add_bias(o.y, o.bias, m, w.rows, stream_);
+        continue;
+      }
+    }
     if (!cublas_) {  // no cuBLAS: the GEMV, 16 rows of x at a time
       for (int64_t r0 = 0; r0 < m; r0 += 16) {
         const QuantGemvJob job = job_of(w, o.bias, o.y + r0 * w.rows);
@@ -98,8 +124,11 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
     }
     auto* wb = static_cast<uint16_t*>(w_bf16_.get(static_cast<size_t>(w.rows * k) * 2, stream_));
     launch_dequantize_bf16(w.dtype == DType::NVFP4, job_of(w, nullptr, nullptr), static_cast<int>(k), wb, stream_);
-    auto* xb = static_cast<uint16_t*>(x_bf16_.get(static_cast<size_t>(m * k) * 2, stream_));
-    launch_f32_to_bf16(x, xb, m * k, stream_);
+    if (!x_converted) {  // once for all outputs of this call
+      xb = static_cast<uint16_t*>(x_bf16_.get(static_cast<size_t>(m * k) * 2, stream_));
+      launch_f32_to_bf16(x, xb, m * k, stream_);
+      x_converted = true;
+    }
     CublasRuntime::get().gemm_bf16_rowmajor(cublas_, xb, wb, o.y, static_cast<int>(m), static_cast<int>(w.rows),
                                             static_cast<int>(k));
     if (o.bias) launch_add_bias(o.y, o.bias, m, w.rows, stream_);

@@ -1,0 +1,125 @@
+// FP8 prefill kernels (launchers_fp8_prefill.h): per-token activation quantization for the
+// block-scaled cuBLASLt GEMM and the re-quantization of a bf16 weight into 128×128 FP8 blocks.
+//
+// Rounding follows the converter exactly (IEEE f32 division, e4m3 round-to-nearest-even with
+// saturation), so a numpy reference reproduces the codes bit for bit.
+#pragma once
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels_common.cuh"
+
+namespace ninfer::cuda::kernels {
+
+inline constexpr float kE4m3Max = 448.0f;
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ float fp8_group_scale(float amax) {
+  return amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+}
+
+// Four values as four e4m3 codes (the first in the lowest byte), v / s each.
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d, float s) {
+  const __nv_fp8x2_storage_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(a, s), __fdiv_rn(b, s)), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(c, s), __fdiv_rn(d, s)), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t codes = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  // -0 (0x80, from a tiny negative value) as +0, the converter's code for zero
+  return codes & ~(__vcmpeq4(codes, 0x80808080u) & 0x80808080u);
+}
+
+// One warp per (row, 128-column group): each lane quantizes 4 consecutive values.
+__global__ void quantize_fp8_activations(const float* __restrict__ x, int64_t m, int64_t k,
+                                         uint8_t* __restrict__ codes, float* __restrict__ scales, int64_t ld,
+                                         float* __restrict__ tail_scales, int64_t tail_first) {
+  const int64_t groups = k / 128;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  if (warp >= m * groups) return;
+  const int64_t r = warp / groups, g = warp % groups;
+  const float4 v = reinterpret_cast<const float4*>(x + r * k + g * 128)[lane];
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  const float s = fp8_group_scale(amax);
+  reinterpret_cast<uint32_t*>(codes + r * k + g * 128)[lane] = e4m3x4(v.x, v.y, v.z, v.w, s);
+  if (lane == 0) {
+    if (r < ld) scales[g * ld + r] = s;
+    if (tail_first >= 0 && r >= tail_first) tail_scales[g * (m - tail_first) + (r - tail_first)] = s;
+  }
+}
+
+// One block of 256 threads per 128×128 block: thread t owns 64 columns of row t / 2.
+__global__ void __launch_bounds__(256) requantize_bf16_to_fp8_blocks(const uint16_t* __restrict__ w, int64_t n,
+                                                                     int64_t k, uint8_t* __restrict__ codes,
+                                                                     float* __restrict__ scales, int64_t scale_ld) {
+  __shared__ float block_max[8];
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * 128 + threadIdx.x / 2;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * 128 + (threadIdx.x & 1) * 64;
+  float v[64];
+  float amax = 0.0f;
+  if (row < n) {
+    const uint4* src = reinterpret_cast<const uint4*>(w + row * k + col0);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float part[8];
+      bf16x8_to_float(src[i], part);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        v[8 * i + j] = part[j];
+        amax = fmaxf(amax, fabsf(part[j]));
+      }
+    }
+  }
+  amax = warp_max(amax);
+  if ((threadIdx.x & 31) == 0) block_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = block_max[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) amax = fmaxf(amax, block_max[i]);
+  const float s = fp8_group_scale(amax);
+  if (threadIdx.x == 0) scales[static_cast<int64_t>(blockIdx.y) * scale_ld + blockIdx.x] = s;
+  if (row >= n) return;
+  uint4* dst = reinterpret_cast<uint4*>(codes + row * k + col0);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float* q = v + 16 * i;
+    dst[i] = make_uint4(e4m3x4(q[0], q[1], q[2], q[3], s), e4m3x4(q[4], q[5], q[6], q[7], s),
+                        e4m3x4(q[8], q[9], q[10], q[11], s), e4m3x4(q[12], q[13], q[14], q[15], s));
+  }
+}
+
+// out[c, r] = in[r, c] as f32 for an in of [rows, cols] (f32 or bf16): a GEMM whose output
+// came out transposed. 32×32 tiles through shared memory, blocks of 32 × 8 threads.
+template <typename T>
+__global__ void transpose_to_f32(const T* __restrict__ in, int64_t rows, int64_t cols, float* __restrict__ out) {
+  __shared__ float tile[32][33];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * 32, r0 = static_cast<int64_t>(blockIdx.y) * 32;
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      if constexpr (sizeof(T) == 2) tile[i][threadIdx.x] = bf16_bits_to_float(in[r * cols + c]);
+      else tile[i][threadIdx.x] = in[r * cols + c];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+__global__ void bf16_to_f32(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = bf16_bits_to_float(x[i]);
+}
+
+}  // namespace ninfer::cuda::kernels

@@ -1,0 +1,34 @@
+// Host entry points of the FP8 prefill kernels (kernels_fp8_prefill.cuh): activations quantized
+// to e4m3 per token and 128-column group, and a bf16 weight re-quantized to e4m3 under
+// 128×128 block scales (NVFP4 prefill through the FP8 GEMM). Both follow the converter's rule
+// (python/ninfer/artifact/block_quant.py): s = amax / 448 (1 for an all-zero group), code =
+// e4m3(v / s) rounded to nearest even and saturated, with IEEE f32 division.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ninfer::cuda {
+
+// codes[r, :] = e4m3 of x[r, :] (m rows of k floats, k % 128 == 0) under one scale per
+// (row, 128-column group). The scale of (r, g) goes to scales[g * ld + r] for r < ld (the
+// token-major layout cuBLASLt's VEC128_32F mode reads), and, when tail_first >= 0, also to
+// tail_scales[g * (m - tail_first) + r - tail_first] for r >= tail_first (a second GEMM over
+// the last rows, see fp8_block_gemm.h).
+void launch_quantize_fp8_activations(const float* x, int64_t m, int64_t k, uint8_t* codes, float* scales,
+                                     int64_t ld, float* tail_scales, int64_t tail_first, cudaStream_t stream);
+
+// A bf16 [n, k] matrix (k % 128 == 0) as e4m3 codes [n, k] under f32 scales per 128×128
+// block, stored [ceil(n / 128), scale_ld] (scale_ld >= k / 128; the padding is left as is).
+void launch_requantize_bf16_to_fp8_blocks(const uint16_t* w, int64_t n, int64_t k, uint8_t* codes, float* scales,
+                                          int64_t scale_ld, cudaStream_t stream);
+
+// out[c, r] = in[r, c] for in [rows, cols] of f32 (or bf16 bits when bf16): a GEMM whose output
+// came out transposed.
+void launch_transpose_to_f32(const void* in, bool bf16, int64_t rows, int64_t cols, float* out, cudaStream_t stream);
+
+// y[i] = f32 of the bf16 values x[i] (a GEMM written in bf16 when f32 output is refused).
+void launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
+
+}  // namespace ninfer::cuda
