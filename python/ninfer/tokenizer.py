@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from ninfer.fast_bpe import tiktoken_encoding
+from ninfer.fast_bpe import GuardedEncoder, guarded_encoder
 
 
 @functools.cache
@@ -101,7 +101,7 @@ class Tokenizer:
         # The same encoding through tiktoken where it is exact (fast_bpe): ~15x faster. Its
         # exactness check takes seconds on a 250k vocabulary, so it runs beside startup and
         # encode() uses `tokenizers` until it is done.
-        self._fast: Any | None = None
+        self._fast: GuardedEncoder | None = None
         self._nfc = (self._spec.get("normalizer") or {}).get("type") == "NFC"
         self._fast_done = threading.Event()
         threading.Thread(target=self._build_fast, name="ninfer-fast-bpe", daemon=True).start()
@@ -127,15 +127,20 @@ class Tokenizer:
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         """Token ids of `text`; with allow_special=False control-token spellings are plain text."""
         if self._fast is not None and self._fast_applies(text):
-            if allow_special:
-                return self._fast.encode(text, allowed_special="all")
-            return self._fast.encode_ordinary(text)
+            ids = self._fast.encode(text, allow_special=allow_special)
+            if ids is not None:
+                return ids
         tokenizer = self._tokenizer if allow_special else self._plain
         return tokenizer.encode(text, add_special_tokens=False).ids
 
     def _build_fast(self) -> None:
         try:
-            self._fast = tiktoken_encoding(self._spec, unicode_to_bytes())
+            model = self._tokenizer.model
+            self._fast = guarded_encoder(
+                self._spec,
+                unicode_to_bytes(),
+                lambda spelling: [token.id for token in model.tokenize(spelling)],
+            )
         finally:
             self._fast_done.set()
 
