@@ -182,3 +182,21 @@ def test_embedded_smollm2_tokenizer_is_refused_or_exact():
     for text in _texts()[:300]:
         assert tok.encode(text) == tok._tokenizer.encode(text, add_special_tokens=False).ids
     assert not uses_fast
+
+
+def test_the_merge_check_is_remembered_per_document(qwen, tmp_path, monkeypatch):
+    """The seconds-long merge-order check runs once per tokenizer.json and machine."""
+    from ninfer import fast_bpe
+
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    calls = []
+    checked = fast_bpe._merges_are_rank_order
+    monkeypatch.setattr(
+        fast_bpe, "_merges_are_rank_order", lambda *a: calls.append(1) or checked(*a)
+    )
+    alphabet = unicode_to_bytes()
+    assert tiktoken_encoding(qwen._spec, alphabet, "d1") is not None
+    assert tiktoken_encoding(qwen._spec, alphabet, "d1") is not None
+    assert len(calls) == 1 and list((tmp_path / "fast-bpe").iterdir())
+    assert tiktoken_encoding(qwen._spec, alphabet, "d2") is not None  # another document
+    assert len(calls) == 2

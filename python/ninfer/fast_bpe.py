@@ -38,16 +38,22 @@ fuzzed strings), but the guard makes the fast path exact without relying on that
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
-def tiktoken_encoding(spec: dict[str, Any], alphabet: dict[str, int]) -> Any | None:
+def tiktoken_encoding(
+    spec: dict[str, Any], alphabet: dict[str, int], digest: str | None = None
+) -> Any | None:
     """A `tiktoken.Encoding` that encodes as tokenizer.json `spec` does up to ties between
     different merges of one entry (GuardedEncoder checks those), or None.
-    `alphabet`: the byte-level character → byte table."""
+    `alphabet`: the byte-level character → byte table. `digest`: a hash of the tokenizer.json
+    document; the merge-order check (seconds on a 250k vocabulary) is then done once per
+    document and machine, its pass remembered in the cache directory."""
     try:
         import tiktoken
     except ImportError:
@@ -65,8 +71,14 @@ def tiktoken_encoding(spec: dict[str, Any], alphabet: dict[str, int]) -> Any | N
     if any(a != b and b.startswith(a) for a in spellings for b in spellings):
         return None
     vocab = model.get("vocab") or {}
-    if not _merges_are_rank_order(model.get("merges") or [], vocab):
-        return None
+    marker = _verdict_marker(digest)
+    if marker is None or not marker.is_file():
+        if not _merges_are_rank_order(model.get("merges") or [], vocab):
+            return None
+        if marker is not None:
+            with contextlib.suppress(OSError):
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text("merges are every two-entry split, in rank order\n")
     ranks = _ranks(vocab, alphabet)
     if ranks is None:
         return None
@@ -79,6 +91,18 @@ def tiktoken_encoding(spec: dict[str, Any], alphabet: dict[str, int]) -> Any | N
         )
     except Exception:  # a regex tiktoken's engine does not take
         return None
+
+
+def _verdict_marker(digest: str | None) -> Path | None:
+    if digest is None:
+        return None
+    from ninfer.default_model import cache_dir
+
+    return cache_dir() / "fast-bpe" / f"v{_CHECK_VERSION}-{digest}.ok"
+
+
+# Bump when _merges_are_rank_order changes, so remembered passes are not reused.
+_CHECK_VERSION = 1
 
 
 def _split_pattern(spec: dict[str, Any]) -> str | None:
@@ -157,9 +181,10 @@ def guarded_encoder(
     spec: dict[str, Any],
     alphabet: dict[str, int],
     reference_bpe: Callable[[str], list[int]],
+    digest: str | None = None,
 ) -> GuardedEncoder | None:
     """The exact fast encoder for tokenizer.json `spec`, or None where there is none."""
-    encoding = tiktoken_encoding(spec, alphabet)
+    encoding = tiktoken_encoding(spec, alphabet, digest)
     if encoding is None:
         return None
     pattern = _split_pattern(spec)

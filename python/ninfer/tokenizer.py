@@ -8,6 +8,7 @@ the core always agree on what a token spells.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import threading
@@ -104,6 +105,7 @@ class Tokenizer:
         self._fast: GuardedEncoder | None = None
         self._nfc = (self._spec.get("normalizer") or {}).get("type") == "NFC"
         self._fast_done = threading.Event()
+        self._digest = hashlib.sha256(document).hexdigest()[:32]
         threading.Thread(target=self._build_fast, name="ninfer-fast-bpe", daemon=True).start()
 
     @classmethod
@@ -140,6 +142,7 @@ class Tokenizer:
                 self._spec,
                 unicode_to_bytes(),
                 lambda spelling: [token.id for token in model.tokenize(spelling)],
+                self._digest,
             )
         finally:
             self._fast_done.set()
