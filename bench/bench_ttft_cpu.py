@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -79,8 +80,7 @@ def make_artifact(directory: Path) -> Path:
 
 
 def start_server(artifact: Path, log: Path, port: int, max_context: int) -> subprocess.Popen:
-    command = [
-        sys.executable,
+    command_tail = [
         "-m",
         "ninfer.server",
         str(artifact),
@@ -95,6 +95,10 @@ def start_server(artifact: Path, log: Path, port: int, max_context: int) -> subp
         "--log-stats-interval-ms",
         "0",
     ]
+    command = [sys.executable, *command_tail]
+    if profile := os.environ.get("BENCH_TTFT_PYSPY"):  # py-spy raw stacks of the server
+        command = ["py-spy", "record", "--native", "-r", "1000", "-f", "raw", "-o", profile, "--"]
+        command += [sys.executable, *command_tail]
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "python")}
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -173,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                 words = args.input_len - 20  # the template adds a few tokens
                 ttfts = [one_request(client, words, rng) for _ in range(args.requests)]
         finally:
-            server.terminate()
-            server.wait(30)
+            # py-spy writes its profile on SIGINT, the server stops on either.
+            profiling = bool(os.environ.get("BENCH_TTFT_PYSPY"))
+            server.send_signal(signal.SIGINT if profiling else signal.SIGTERM)
+            server.wait(60)
         records = [json.loads(line) for line in log.read_text().splitlines()]
         records = [r for r in records if r.get("event") == "request_done"]
         if os.environ.get("BENCH_TTFT_DUMP"):
