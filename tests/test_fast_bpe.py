@@ -119,7 +119,11 @@ def _fixture_texts() -> list[str]:
     return texts
 
 
-def test_agent_request_text_matches_tokenizers(qwen):
+@pytest.mark.parametrize("spare_cores", [False, True], ids=["inline", "threaded"])
+def test_agent_request_text_matches_tokenizers(qwen, monkeypatch, spare_cores):
+    from ninfer import fast_bpe
+
+    monkeypatch.setattr(fast_bpe, "_SPARE_CORES", spare_cores)
     texts = _fixture_texts()
     if not texts:
         pytest.skip(f"no agent fixtures at {AGENT_FIXTURES}")
@@ -145,7 +149,7 @@ def test_pieces_that_could_tie_are_checked_against_tokenizers(qwen):
     assert fast.checked_pieces - before == checked
 
 
-def test_a_disagreeing_piece_sends_the_text_to_tokenizers(qwen):
+def test_a_disagreeing_piece_sends_the_text_to_tokenizers(qwen, monkeypatch):
     """Where the guard's reference differs from tiktoken (a tie broken the other way), encode
     returns None and Tokenizer.encode takes `tokenizers`' answer."""
     fast = qwen._fast
@@ -154,7 +158,12 @@ def test_a_disagreeing_piece_sends_the_text_to_tokenizers(qwen):
     always_wrong = GuardedEncoder(fast.encoding, pattern, spelling, lambda _: [-1], [])
     assert always_wrong.encode("hello world", allow_special=False) is not None  # whole words
     assert always_wrong.encode("ababab " + "=" * 40, allow_special=False) is None
-    assert always_wrong.encode("x" * 9000 + " ababab", allow_special=False) is None  # threaded
+    long_text = "x" * 9000 + " ababab"
+    assert always_wrong.encode(long_text, allow_special=False) is None
+    from ninfer import fast_bpe
+
+    monkeypatch.setattr(fast_bpe, "_SPARE_CORES", True)
+    assert always_wrong.encode(long_text, allow_special=False) is None  # checked beside tiktoken
     original = qwen._fast
     try:
         qwen._fast = always_wrong

@@ -40,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -172,6 +173,11 @@ def _merges_are_rank_order(merges: list[Any], vocab: dict[str, int]) -> bool:
     return splits == len(merges)
 
 
+# The check runs beside tiktoken only where a core is likely free: on a 2-core machine the
+# hand-off to a second thread cost more (waiting to be scheduled) than the check itself.
+_SPARE_CORES = (os.cpu_count() or 1) >= 4
+
+
 @functools.cache
 def _guard_pool() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ninfer-bpe-guard")
@@ -242,7 +248,7 @@ class GuardedEncoder:
     def encode(self, text: str, *, allow_special: bool) -> list[int] | None:
         """The token ids, or None where `tokenizers` must encode `text` (a checked pre-token
         differed)."""
-        if len(text) < self._PARALLEL_CHARS:
+        if len(text) < self._PARALLEL_CHARS or not _SPARE_CORES:
             if not self._pieces_agree(text, allow_special):
                 return None
             return self._encode(text, allow_special)
