@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import time
 from typing import Any
 
 import httpx
@@ -142,14 +143,15 @@ class _BurstEngine(FakeEngine):
 
 
 class _CountBodies:
-    """ASGI wrapper: the number of response body messages of each request."""
+    """ASGI wrapper: the number of response body messages of each chat request, recorded
+    when the app returns (which can be just after the client has read the last byte)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.counts: list[int] = []
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
             return await self.app(scope, receive, send)
         count = [0]
 
@@ -202,16 +204,24 @@ def _chat(base_url: str) -> list[Any]:
     return payloads
 
 
+def _writes_of_next(counter: _CountBodies, seen: int) -> int:
+    deadline = time.monotonic() + 10
+    while len(counter.counts) <= seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return counter.counts[seen]
+
+
 def test_chat_stream_burst_is_fewer_writes_same_events(burst_server):
     running, counter = burst_server
+    seen = len(counter.counts)
     _BurstHandle.burst = False
     try:
         one_by_one = _chat(running.base_url)
     finally:
         _BurstHandle.burst = True
-    trickle_writes = counter.counts[-1]
+    trickle_writes = _writes_of_next(counter, seen)
     together = _chat(running.base_url)
-    burst_writes = counter.counts[-1]
+    burst_writes = _writes_of_next(counter, seen + 1)
     assert together == one_by_one
     assert len(together) > 40  # role, 40 content chunks, finish, usage
     assert trickle_writes >= 40
