@@ -123,6 +123,7 @@ def one_request(client: httpx.Client, words: int, rng: random.Random) -> float:
         "model": "tiny-qwen",
         "messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=words))}],
         "max_tokens": 2,
+        "temperature": 0,  # greedy, as bench_serve.py and the GPU table sample
         "ignore_eos": True,
         "stream": True,
         "chat_template_kwargs": {"enable_thinking": False},
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("BENCH_TTFT_DUMP"):
             print(json.dumps(records[-1], indent=1))
     medians = breakdown(records[1:], ttfts[1:])
+    if os.environ.get("BENCH_TTFT_DUMP"):
+        print("prepare ms", [round(1e3 * r["timings_seconds"]["prepare"], 1) for r in records])
     print(f"{args.requests - 1} requests of ~{medians.pop('prompt_tokens'):.0f} prompt tokens")
     for name, value in medians.items():
         print(f"  {name:<12} {1e3 * value:8.2f} ms (median)")
