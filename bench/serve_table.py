@@ -18,6 +18,16 @@ server's lanes and prefill chunk, its start time) and one bench_serve.py result 
 
 Concurrency above the server's lanes (`--max-concurrency`, at most 8) queues: such a run's
 TTFT includes the wait for a lane, and its decode batch is the lane count.
+
+Each server's TTFT probe (`serve/<shape>-in<N>-ttft.json`: requests one at a time, 4 output
+tokens) gets a table of its own: TTFT beside the engine's prefill of the same requests, and
+their difference per request, which is the host's share (HTTP, template, tokenization,
+admission, the first token's way out). The engine's prefill is its `prompt_ms`: from the
+request getting a lane to the end of the step that computed the prompt's last chunk.
+
+A server of quantized dummy weights (meta `dtype` fp8 / nvfp4) counts its decode floor with
+every read parameter at that format's bytes (fp8 1, nvfp4 0.5625 with its scales): a floor,
+since norms, embeddings and the expert stacks stay bf16.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -40,8 +52,17 @@ def load_config(source: str) -> dict[str, Any]:
     return json.loads(Path(source).read_text(encoding="utf-8"))
 
 
+# Bytes a decode step reads per parameter, by the dummy weights' format.
+PARAM_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}
+
+
 def floors(
-    cfg: dict[str, Any], ceilings: dict[str, float] | None, batch: int, context: float, prompt: int
+    cfg: dict[str, Any],
+    ceilings: dict[str, float] | None,
+    batch: int,
+    context: float,
+    prompt: int,
+    dtype: str = "bf16",
 ) -> dict[str, float | None]:
     """Per-stream decode floor (tok/s) at `batch` lanes of mean `context`, and the prefill floor
     (ms) of a `prompt`-token prompt; None without measured ceilings."""
@@ -51,7 +72,7 @@ def floors(
 
     counts = shape_counts(cfg, batch)
     step_bytes = (
-        2.0 * counts["read_params"]
+        PARAM_BYTES.get(dtype, 2.0) * counts["read_params"]
         + batch * context * counts["kv_bytes_per_token"]
         + batch * 2 * counts["state_bytes_per_lane"]
     )
@@ -74,7 +95,8 @@ def row(result: dict[str, Any], meta: dict[str, Any], cfg: dict[str, Any], ceili
     prompt = prompt or int(result["random_input_len"])
     engine_tpot = result.get("median_server_tpot_ms")
     client_tpot = result["median_tpot_ms"]
-    floor = floors(cfg, ceilings, batch, prompt + out_len / 2, prompt)
+    dtype = str(meta.get("dtype") or "bf16")
+    floor = floors(cfg, ceilings, batch, prompt + out_len / 2, prompt, dtype)
     client_rate = 1e3 / client_tpot if client_tpot else None
     engine_rate = 1e3 / engine_tpot if engine_tpot else None
     events = sum(n for n in result.get("output_lens", []))
@@ -111,6 +133,31 @@ def row(result: dict[str, Any], meta: dict[str, Any], cfg: dict[str, Any], ceili
     }
 
 
+def probe_row(result: dict[str, Any]) -> dict[str, Any]:
+    """A TTFT probe's figures: client TTFT and the engine's prefill, per request."""
+    n = len(result["ttfts"])
+    prompt_ms = result.get("server_prompt_ms") or [None] * n
+    served = zip(result["ttfts"], result["output_lens"], prompt_ms, strict=True)
+    done = [(1e3 * ttft, prefill) for ttft, out, prefill in served if out]
+    ttfts = [ttft for ttft, _ in done]
+    prefills = [prefill for _, prefill in done if prefill]
+    host = [ttft - prefill for ttft, prefill in done if prefill]
+
+    def median(values: list[float]) -> float | None:
+        return float(np.median(values)) if values else None
+
+    return {
+        "input": int(result["random_input_len"]),
+        "requests": result["completed"],
+        "ttft_ms": median(ttfts),
+        "ttft_min_ms": min(ttfts) if ttfts else None,
+        "ttft_max_ms": max(ttfts) if ttfts else None,
+        "engine_prefill_ms": median(prefills),
+        "ttft_minus_prefill_ms": median(host),
+        "ttft_minus_prefill_max_ms": max(host) if host else None,
+    }
+
+
 def _fmt(value: Any, spec: str = ".1f", suffix: str = "") -> str:
     if value is None:
         return "-"
@@ -130,9 +177,29 @@ def to_markdown(tables: list[dict[str, Any]], ceilings: dict[str, float] | None)
     for table in tables:
         meta = table["meta"]
         lines += [
-            f"### {meta['shape']} (lanes {meta['lanes']}, prefill chunk {meta['prefill_chunk']}, "
+            f"### {meta['shape']} ({meta.get('dtype', 'bf16')} dummy weights, lanes "
+            f"{meta['lanes']}, prefill chunk {meta['prefill_chunk']}, "
             f"server ready in {meta.get('startup_s', 0):.0f} s)",
             "",
+        ]
+        if table.get("probes"):
+            lines += [
+                "TTFT probe (requests one at a time, 4 output tokens):",
+                "",
+                "| input | requests | TTFT p50 (min-max) | engine prefill p50 "
+                "| TTFT − prefill p50 (max) |",
+                "| ---: | ---: | ---: | ---: | ---: |",
+            ]
+            for p in table["probes"]:
+                lines.append(
+                    f"| {p['input']} | {p['requests']} | {_fmt(p['ttft_ms'])} "
+                    f"({_fmt(p['ttft_min_ms'])}-{_fmt(p['ttft_max_ms'])}) ms "
+                    f"| {_fmt(p['engine_prefill_ms'])} ms "
+                    f"| {_fmt(p['ttft_minus_prefill_ms'])} "
+                    f"({_fmt(p['ttft_minus_prefill_max_ms'])}) ms |"
+                )
+            lines.append("")
+        lines += [
             "| input | c | batch | out tok/s | TTFT p50 | engine prefill | TTFT − prefill "
             "| prefill floor | TPOT p50 client / engine | decode tok/s client / engine "
             "| HTTP ÷ engine | aggregate client / engine | ITL p50 / p99 | p99 ÷ p50 "
@@ -174,7 +241,15 @@ def build_tables(out: Path) -> tuple[list[dict[str, Any]], dict[str, float] | No
             if result.get("completed"):
                 rows.append(row(result, meta, cfg, ceilings))
         rows.sort(key=lambda r: (r["input"], r["concurrency"]))
-        tables.append({"meta": meta, "rows": rows, "skipped": meta.get("skipped", [])})
+        probes = []
+        for path in sorted(serve.glob(f"{meta['shape']}-in*-ttft.json")):
+            result = json.loads(path.read_text())
+            if result.get("completed"):
+                probes.append(probe_row(result))
+        probes.sort(key=lambda p: p["input"])
+        tables.append(
+            {"meta": meta, "rows": rows, "probes": probes, "skipped": meta.get("skipped", [])}
+        )
     return tables, ceilings
 
 

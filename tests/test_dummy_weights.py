@@ -77,7 +77,7 @@ def test_header_only_needs_random(capsys):
     assert "--header-only only applies to --random" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         convert_main(["--random", "qwen3.6-27b", "--header-only", "--dtype", "q8_0", "-o", "x"])
-    assert "--dtype does not apply" in capsys.readouterr().err
+    assert "--dtype q8_0 does not apply" in capsys.readouterr().err
 
 
 def test_plain_serving_of_header_only_artifact_fails_clearly(llama_artifact, capsys):
@@ -133,6 +133,30 @@ def test_same_seed_same_greedy_output(tmp_path, config):
     # The engine reports the weights it made: every matrix in bf16, counted once.
     assert meta["n_params"] > config["vocab_size"] * config["hidden_size"]
     assert meta["ftype"] == "bf16"
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
+def test_quantized_dummy_weights_are_seeded_in_that_format(tmp_path, dtype):
+    """`--header-only --dtype fp8|nvfp4` records the format; `--load-format dummy` makes the
+    quantizable matrices in it (the CPU backend makes the CUDA backend's codes)."""
+    path = _header_only(
+        tmp_path, HYBRID, f"tiny-{dtype}", "--tokenizer", "synthetic", "--dtype", dtype
+    )
+    assert read_header(path).header["metadata"]["dummy_weights_dtype"] == dtype
+    first, meta = _greedy_tokens(path, seed=7)
+    again, _ = _greedy_tokens(path, seed=7)
+    assert len(first) == 12 and first == again
+    assert dtype in meta["ftype"]
+    bf16 = _header_only(tmp_path, HYBRID, "tiny-bf16", "--tokenizer", "synthetic")
+    assert _greedy_tokens(bf16, seed=7)[1]["ftype"] == "bf16"
+
+
+def test_quantized_dummy_weights_need_a_qwen_model(tmp_path, capsys):
+    config_path = tmp_path / "llama.json"
+    config_path.write_text(json.dumps(LLAMA))
+    argv = ["--random", str(config_path), "--header-only", "--dtype", "fp8", "-o", "x.ninfer"]
+    assert convert_main([*argv, "--tokenizer", "synthetic", "-q"]) == 1
+    assert "Qwen3.5/3.6 models only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

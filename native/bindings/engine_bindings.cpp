@@ -406,7 +406,7 @@ void bind_engine_class(py::module_& m) {
           "open",
           [](const std::string& artifact_path, const EngineOptions& options, const std::vector<py::bytes>& token_bytes,
              std::optional<std::vector<int32_t>> eos_ids, int threads, const std::string& device,
-             int64_t random_weights_seed, int tensor_parallel_size) {
+             int64_t random_weights_seed, int tensor_parallel_size, const std::string& random_weights_dtype) {
             auto bytes = bytes_list(token_bytes);
             EngineOptions resolved = options;
             if (eos_ids) resolved.eos_ids = *eos_ids;
@@ -415,6 +415,7 @@ void bind_engine_class(py::module_& m) {
             runtime.device = device;
             runtime.random_weights_seed = random_weights_seed;
             runtime.tensor_parallel_size = tensor_parallel_size;
+            runtime.random_weights_dtype = random_weights_dtype;
             py::gil_scoped_release release;
             PyEngine e;
             e.engine = open_engine(artifact_path, std::move(resolved), std::move(bytes), runtime);
@@ -422,7 +423,7 @@ void bind_engine_class(py::module_& m) {
           },
           py::arg("artifact_path"), py::arg("options"), py::arg("token_bytes"), py::arg("eos_ids") = py::none(),
           py::arg("threads") = 0, py::arg("device") = "cpu", py::arg("random_weights_seed") = -1,
-          py::arg("tensor_parallel_size") = 1,
+          py::arg("tensor_parallel_size") = 1, py::arg("random_weights_dtype") = "bf16",
           "An engine over a .ninfer artifact's model. eos_ids None = options.eos_ids, or the artifact's own.")
       .def(
           "submit",

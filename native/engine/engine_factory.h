@@ -25,6 +25,9 @@ struct RuntimeOptions {
   // >= 0: read only the artifact's header and make seeded random weights on the device
   // (ModelOptions::random_weights_seed), for benchmarks without a weight file.
   int64_t random_weights_seed = -1;
+  // The format of those weights where the model would quantize a matrix (bf16, fp8, nvfp4;
+  // ModelOptions::random_weights_dtype): the dtype a header-only artifact was written for.
+  std::string random_weights_dtype = "bf16";
   // Ranks of tensor parallelism (ModelOptions::tensor_parallel_size); 1 = none.
   int tensor_parallel_size = 1;
 };

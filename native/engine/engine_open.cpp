@@ -78,6 +78,7 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   model_options.threads = runtime.threads;
   model_options.device = runtime.device;
   model_options.random_weights_seed = runtime.random_weights_seed;
+  model_options.random_weights_dtype = runtime.random_weights_dtype;
   model_options.tensor_parallel_size = runtime.tensor_parallel_size;
   auto model = load_model(*artifact, *pool, model_options);
   return std::make_unique<Engine>(std::move(pool), std::move(model), std::move(options), std::move(token_bytes),

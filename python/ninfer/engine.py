@@ -195,6 +195,11 @@ class RequestHandle:
             self._consumed = True
         return event
 
+    def ready(self) -> int:
+        """Events delivered and not read yet: next_within returns at once while this is > 0
+        (a stream holds its frames until it is 0, server/sse.py)."""
+        return len(self._events)
+
     async def _wait_for_event(self, timeout: float | None) -> bool:
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()

@@ -60,6 +60,7 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         device=config.device,
         random_weights_seed=_weights_seed(config.random_weights_seed),
         tensor_parallel_size=config.tensor_parallel_size,
+        **_dummy_dtype(header, config),
     )
     core.set_grammar_special_ids(tokenizer.special_token_ids())
     chat_template = None
@@ -82,6 +83,15 @@ def load_engine_parts(path: Path, config: EngineConfig) -> EngineParts:
         "name": (header.get("metadata") or {}).get("name") or path.stem,
     }
     return EngineParts(core, tokenizer, header, model_info, chat_template)
+
+
+def _dummy_dtype(header: dict[str, Any], config: EngineConfig) -> dict[str, str]:
+    """The format of the dummy weights: the dtype a header-only artifact was written for
+    (`ninfer-convert --header-only --dtype fp8`); bf16 otherwise."""
+    dtype = (header.get("metadata") or {}).get("dummy_weights_dtype")
+    if config.random_weights_seed is None or not dtype or dtype == "bf16":
+        return {}  # the core's default, and older cores without the argument
+    return {"random_weights_dtype": str(dtype)}
 
 
 def is_header_only(header: dict[str, Any]) -> bool:

@@ -8,12 +8,17 @@ the core always agree on what a token spells.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
+import threading
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
+
+from ninfer.fast_bpe import GuardedEncoder, guarded_encoder
 
 
 @functools.cache
@@ -94,6 +99,14 @@ class Tokenizer:
         vocab = self._tokenizer.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1 if vocab else 0
         self._token_bytes: list[bytes] | None = None
+        # The same encoding through tiktoken where it is exact (fast_bpe): ~15x faster. Its
+        # exactness check takes seconds on a 250k vocabulary, so it runs beside startup and
+        # encode() uses `tokenizers` until it is done.
+        self._fast: GuardedEncoder | None = None
+        self._nfc = (self._spec.get("normalizer") or {}).get("type") == "NFC"
+        self._fast_done = threading.Event()
+        self._digest = hashlib.sha256(document).hexdigest()[:32]
+        threading.Thread(target=self._build_fast, name="ninfer-fast-bpe", daemon=True).start()
 
     @classmethod
     def from_json_bytes(cls, document: bytes, **header: Any) -> Tokenizer:
@@ -115,8 +128,42 @@ class Tokenizer:
 
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         """Token ids of `text`; with allow_special=False control-token spellings are plain text."""
+        if self._fast is not None and self._fast_applies(text):
+            ids = self._fast.encode(text, allow_special=allow_special)
+            if ids is not None:
+                return ids
         tokenizer = self._tokenizer if allow_special else self._plain
         return tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _build_fast(self) -> None:
+        try:
+            model = self._tokenizer.model
+            self._fast = guarded_encoder(
+                self._spec,
+                unicode_to_bytes(),
+                lambda spelling: [token.id for token in model.tokenize(spelling)],
+                self._digest,
+            )
+        finally:
+            self._fast_done.set()
+
+    def wait_fast_encoder(self, timeout: float | None = None) -> bool:
+        """Waits for the tiktoken check (see __init__); whether the fast encoder is in use."""
+        self._fast_done.wait(timeout)
+        return self._fast is not None
+
+    def _fast_applies(self, text: str) -> bool:
+        """tiktoken agrees on text the normalizer keeps as it is and that is valid UTF-8
+        (tiktoken would replace a lone surrogate, `tokenizers` refuses it)."""
+        if text.isascii():
+            return True
+        if self._nfc and not unicodedata.is_normalized("NFC", text):
+            return False
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
 
     def added_token_spellings(self) -> list[str]:
         """The spellings of tokenizer.json's added tokens (the control tokens)."""

@@ -114,6 +114,74 @@ Weight CpuBackend::random_weight(int64_t rows, int64_t cols, uint64_t seed, floa
   return Weight{DType::BF16, rows, cols, data};
 }
 
+namespace {
+
+// The code CUDA's __nv_cvt_float_to_fp8(v, satfinite, e4m3) gives: the nearest finite e4m3
+// value, ties to the even code.
+uint8_t nearest_e4m3(float v) {
+  uint8_t best = 0;
+  float best_error = INFINITY;
+  for (int code = 0; code < 0x7F; ++code) {  // 0x7F is NaN
+    const float error = std::fabs(std::fabs(v) - e4m3_to_float(static_cast<uint8_t>(code)));
+    if (error < best_error || (error == best_error && (code & 1) == 0)) best = static_cast<uint8_t>(code), best_error = error;
+  }
+  return static_cast<uint8_t>(best | (v < 0.0f && best != 0 ? 0x80 : 0));
+}
+
+}  // namespace
+
+// The CUDA backend's random_codes and scale fills (launchers_gemv_quant.cu) on the host: the
+// same seed gives the same fp8/nvfp4 weights on both backends.
+Weight CpuBackend::random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t group_rows, uint64_t seed,
+                                           float scale) {
+  // Expert stacks are bf16 on CUDA (its upload_quantized): the same here.
+  if (!is_block_quantized(dtype) || group_rows < rows) return random_weight(rows, cols, seed, scale);
+  if (const std::string problem = quantized_shape_problem(dtype, cols); !problem.empty())
+    throw std::invalid_argument("random_quantized_weight: " + problem);
+  const bool nvfp4 = dtype == DType::NVFP4;
+  const QuantizedLayout layout = QuantizedLayout::of(dtype, rows, cols, group_rows);
+  const size_t bytes = (static_cast<size_t>(layout.nbytes) + 63) / 64 * 64;
+  auto* blob = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+  if (!blob) throw std::bad_alloc();
+  random_quantized_.emplace_back(blob, [](uint8_t* p) { std::free(p); });
+  std::memset(blob, 0, bytes);
+  // Code of each random byte b (u = 2b/255 - 1 in [-1, 1]).
+  uint8_t code_of[256];
+  for (int b = 0; b < 256; ++b) {
+    const float u = 2.0f * static_cast<float>(b) / 255.0f - 1.0f;
+    if (nvfp4) {
+      const float a = std::fabs(6.0f * u);  // e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
+      const uint8_t mag = a < 0.25f ? 0 : a < 0.75f ? 1 : a < 1.25f ? 2 : a < 1.75f ? 3 : a < 2.5f ? 4
+                          : a < 3.5f ? 5 : a < 5.0f ? 6 : 7;
+      code_of[b] = static_cast<uint8_t>((u < 0.0f && mag ? 8 : 0) | mag);
+    } else {
+      code_of[b] = nearest_e4m3(448.0f * u);
+    }
+  }
+  const int64_t code_bytes = nvfp4 ? rows * cols / 2 : rows * cols;
+  const uint64_t key = mix64(seed + 0x9e3779b97f4a7c15ull);
+  pool_.parallel_ranges(code_bytes / 4, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t r = mix64(key ^ static_cast<uint64_t>(i));
+      uint32_t word = 0;
+      for (int j = 0; j < (nvfp4 ? 8 : 4); ++j) {
+        const uint32_t code = code_of[(r >> (8 * (j % 8))) & 0xFF];
+        word |= code << (nvfp4 ? 4 * j : 8 * j);
+      }
+      std::memcpy(blob + 4 * i, &word, 4);
+    }
+  });
+  if (nvfp4) {
+    std::memset(blob + layout.scale_offset, 0x7E, static_cast<size_t>(rows * cols / kNvfp4Group));  // 448
+    auto* row_scales = reinterpret_cast<float*>(blob + layout.scale2_offset);
+    for (int64_t r = 0; r < rows; ++r) row_scales[r] = scale / 2688.0f;
+  } else {
+    auto* block_scales = reinterpret_cast<float*>(blob + layout.scale_offset);
+    for (int64_t i = 0; i < (layout.nbytes - layout.scale_offset) / 4; ++i) block_scales[i] = scale / 448.0f;
+  }
+  return quantized_weight_at(dtype, rows, cols, group_rows, blob);
+}
+
 Buffer CpuBackend::upload_vector(const TensorView& t) {
   if (t.shape.size() != 1)
     throw std::runtime_error("tensor '" + t.name + "': expected a 1-D tensor");

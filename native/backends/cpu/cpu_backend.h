@@ -38,6 +38,8 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
   void bind_kv(KvPool& kv) override;
   Weight random_weight(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
+  Weight random_quantized_weight(DType dtype, int64_t rows, int64_t cols, int64_t group_rows, uint64_t seed,
+                                 float scale) override;
 
   void matmul(const float* x, int64_t m, const Weight& w, const float* bias, float* y) override;
   void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
@@ -83,6 +85,7 @@ class CpuBackend final : public Backend {
   std::vector<OnlineSoftmax> partial_state_;
   std::vector<float> moe_rows_, moe_gate_, moe_up_, moe_out_;  // scratch: one expert's rows
   std::vector<std::shared_ptr<uint16_t>> random_weights_;      // bf16 storage random_weight made
+  std::vector<std::shared_ptr<uint8_t>> random_quantized_;     // fp8/nvfp4 blobs random_quantized_weight made
 };
 
 }  // namespace ninfer::cpu

@@ -104,9 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--tokenizer only applies to --random")
     if args.random is None and args.header_only:
         parser.error("--header-only only applies to --random")
-    if args.header_only and args.dtype is not None:
-        parser.error("--header-only stores no weights, so --dtype does not apply (the "
-                     "engine's dummy weights are bf16)")
+    from ninfer.convert.random import DUMMY_WEIGHT_DTYPES
+
+    if args.header_only and args.dtype not in (None, *DUMMY_WEIGHT_DTYPES):
+        parser.error(f"--header-only stores no weights: --dtype {args.dtype} does not apply "
+                     f"(the engine's dummy weights are {', '.join(DUMMY_WEIGHT_DTYPES)})")
     if args.output is None and not args.dry_run:
         parser.error("give -o OUT.ninfer (or --dry-run)")
     if not args.quiet:

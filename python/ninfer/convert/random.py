@@ -65,6 +65,9 @@ class RandomPlan:
         return sum(tensor_nbytes(dtype, shape) for dtype, shape in self.tensors.values())
 
 
+# The formats `--load-format dummy` makes weights in (the backends' random_quantized_weight).
+DUMMY_WEIGHT_DTYPES = ("bf16", "fp8", "nvfp4")
+
 def plan_random_artifact(config: dict[str, Any], *, dtype: str = "bf16") -> RandomPlan:
     """Architecture, normalized config and tensor table for the HF-style `config`."""
     hybrid = hybrid_architecture_of(config)
@@ -187,10 +190,22 @@ def make_random_artifact(
 
     `header_only` writes the header, tokenizer and template with an empty tensor table: such
     an artifact is served with weights the engine makes itself (`ninfer-serve
-    --load-format dummy`), so a 27B-shaped benchmark needs no 54 GB file.
+    --load-format dummy`), so a 27B-shaped benchmark needs no 54 GB file. Its `dtype` (bf16,
+    fp8 or nvfp4; metadata `dummy_weights_dtype`) is the format the engine makes the matrices
+    in that an artifact of that dtype would quantize (Qwen3.5/3.6 models only).
     """
     plan = plan_random_artifact(config, dtype=dtype)
     hybrid = plan.architecture in ("qwen3_5", "qwen3_5_moe")
+    if header_only and dtype not in DUMMY_WEIGHT_DTYPES:
+        raise ValueError(
+            f"a header-only artifact's dummy weights are {', '.join(DUMMY_WEIGHT_DTYPES)}, "
+            f"not {dtype}"
+        )
+    if header_only and dtype != "bf16" and not hybrid:
+        raise ValueError(
+            f"{dtype} dummy weights are made for Qwen3.5/3.6 models only "
+            f"({plan.architecture} makes bf16)"
+        )
     tokenizer_json, tokenizer_fields, needed = _tokenizer(tokenizer, hybrid, config)
     if plan.config["vocab_size"] < needed:
         raise ValueError(
@@ -202,13 +217,16 @@ def make_random_artifact(
         from ninfer.prompt.builtin_templates import template_for_architecture
 
         chat_template = template_for_architecture(plan.architecture) or CHATML_TEMPLATE
+    fields = metadata(name or f"random-{plan.architecture}",
+                      "random, header only" if header_only else f"random seed={seed}",
+                      created=None)
+    if header_only:
+        fields["dummy_weights_dtype"] = dtype
     writer = ArtifactWriter(
         output,
         architecture=plan.architecture,
         config=plan.config,
-        metadata=metadata(name or f"random-{plan.architecture}",
-                          "random, header only" if header_only else f"random seed={seed}",
-                          created=None),
+        metadata=fields,
         generation=generation_defaults(generation or {}),
         tokenizer=tokenizer_fields,
     )

@@ -174,7 +174,7 @@ async def _stream(
             [renderer.message_start(TurnUsage(lowered.prompt_tokens, 0, cached_tokens=cached))]
         )
         blocks = BlockStream(renderer)
-        events = with_heartbeat(handle, config.keep_alive_s, ping)
+        events = with_heartbeat(handle, config.keep_alive_s, ping, sink=sse)
         async with contextlib.aclosing(events):
             async for event in events:
                 if watcher.disconnected.is_set():

@@ -136,7 +136,7 @@ async def _stream(
         if lowered.return_progress:
             await sse.event(renderer.progress_chunk(_progress(total, turn.cached_tokens, turn)))
         prompt_done = False
-        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
+        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive, sink=sse)
         async with contextlib.aclosing(events):
             async for event in events:
                 if watcher.disconnected.is_set():

@@ -120,7 +120,7 @@ async def _stream(
     first = True
     try:
         await wait_for_lane_streaming(handle, watcher, sse, config.keep_alive_s)
-        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
+        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive, sink=sse)
         async with contextlib.aclosing(events):
             async for event in events:
                 if watcher.disconnected.is_set():

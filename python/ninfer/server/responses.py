@@ -48,7 +48,7 @@ class _EventStream(SseStream):
 
     async def typed(self, payload: dict[str, Any]) -> None:
         frame = b"event: " + payload["type"].encode() + b"\ndata: " + encode_json(payload)
-        await self._request.send_body(frame + b"\n\n", more=True)
+        await self._frame(frame + b"\n\n")
 
 
 async def create_response(
@@ -163,7 +163,7 @@ async def _stream(
         await _flush(sse, output)
         await wait_for_lane_streaming(handle, watcher, sse, config.keep_alive_s)
         turn = TurnDecoder(lowered.prompt.decoder, lowered.prompt_tokens)
-        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive)
+        events = with_heartbeat(handle, config.keep_alive_s, sse.keep_alive, sink=sse)
         async with contextlib.aclosing(events):
             async for event in events:
                 if watcher.disconnected.is_set():
