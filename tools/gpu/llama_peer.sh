@@ -50,7 +50,12 @@ elif [ -f "$peer/llama-cpp-src.tar.xz" ]; then
   start=$(date +%s)
   tar -xJf "$peer/llama-cpp-src.tar.xz" -C "$work"
   cublas_inc=$(dirname "$(find / -path /proc -prune -o -name cublas_v2.h -print 2>/dev/null | head -1)")
-  if ! { cmake -S "$work/llama.cpp" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  cublas_libs=()
+  for dir in ${libdirs//:/ }; do
+    [ -f "$dir/libcublas.so.13" ] && cublas_libs=(-DCUDA_cublas_LIBRARY="$dir/libcublas.so.13"
+      -DCUDA_cublasLt_LIBRARY="$dir/libcublasLt.so.13")
+  done
+  if ! { cmake -S "$work/llama.cpp" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cublas_libs[@]}" \
     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_NATIVE=OFF \
     -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF \
