@@ -204,7 +204,7 @@ def to_markdown(info: dict[str, Any], table: list[dict[str, Any]]) -> str:
     for r in table:
         floor = f"{r['floor_tok_s']:.1f}" if "floor_tok_s" in r else ""
         share = f"{100 * r['of_floor']:.1f}%" if "of_floor" in r else ""
-        tflops = f"{r['matmul_tflop_s']:.0f}" if "matmul_tflop_s" in r else ""
+        tflops = f"{r['matmul_tflop_s']:.1f}" if "matmul_tflop_s" in r else ""
         lines.append(
             f"| {r['ftype']} | {r['test']} | {r['depth']} | {r['tok_s']:.1f} | {r['stddev']:.1f} "
             f"| {floor} | {share} | {tflops} |"

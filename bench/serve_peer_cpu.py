@@ -135,6 +135,21 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, tuple[subpr
     return servers
 
 
+def peer_system_info(args: argparse.Namespace) -> str:
+    """The peer's "CPU : SSE3 = 1 | ..." line: printed by llama_cpp_server.py into its log; a
+    llama-server logs it only at trace verbosity, so it is asked separately, with no model
+    (it prints the line, fails to load and exits)."""
+    if args.peer_server is not None:
+        probe = [str(args.peer_server), "-lv", "4", "-m", "/nonexistent.gguf"]
+        probe += ["-t", str(args.threads)]
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        lines = (done.stdout + done.stderr).splitlines()
+    else:
+        lines = (args.out / "llama.cpp.log").read_text().splitlines()
+    found = (line[line.index("CPU :") :].strip() for line in lines if "CPU :" in line)
+    return next(found, "unknown")
+
+
 def run_bench(
     port: int, c: int, seed: int, args: argparse.Namespace, result: Path
 ) -> dict[str, Any]:
@@ -268,15 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    # xllamacpp prints the line as is; llama-server logs it after "system_info: ... | ".
-    system_info = next(
-        (
-            line[line.index("CPU :") :].strip()
-            for line in (args.out / "llama.cpp.log").read_text().splitlines()
-            if "CPU :" in line
-        ),
-        "unknown",
-    )
+    system_info = peer_system_info(args)
     table = summarize(runs, names, args.concurrency)
     info = {
         "model": args.gguf.name,
