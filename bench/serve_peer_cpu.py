@@ -1,17 +1,22 @@
 """ninfer-serve against llama.cpp's own HTTP server on the CPU: the same GGUF file, the same
 thread count, the same bench_serve.py workload, in one run, alternating between the servers.
 
-    pip install xllamacpp        # llama.cpp's C++ server as a prebuilt wheel (any venv)
     python bench/gguf_to_q8_0.py SmolLM2-135M-Instruct.Q4_1.gguf smol-q8_0.gguf
-    python bench/serve_peer_cpu.py smol-q8_0.gguf --peer-python /path/to/venv/bin/python \\
+    tools/llama_cpp_build.sh /tmp/llama cpu   # llama-server from the pinned source, -march=native
+    python bench/serve_peer_cpu.py smol-q8_0.gguf \\
+        --peer-server /tmp/llama/build-cpu/bin/llama-server \\
         --out results/ --rounds 2
+    # or the prebuilt wheel (built without -march=native: AVX2 at most):
+    pip install xllamacpp
+    python bench/serve_peer_cpu.py smol-q8_0.gguf --peer-python /path/to/venv/bin/python ...
 
 Both servers run for the whole comparison (an idle server's threads sleep), each with
 `--lanes` slots; each round runs every concurrency on every server, the servers' order
 flipping between rounds so that neither always runs first. Extra NInfer contenders with
 other CPU kernel sets (`--ninfer-kernels avx2`, NINFER_CPU_KERNELS) show how much of a
 difference is the instruction set: the prebuilt llama.cpp wheel is built without
--march=native (its system info line is recorded). Writes one bench_serve.py result per run,
+-march=native, a llama-server built by tools/llama_cpp_build.sh with it (the peer's system info
+line is recorded either way). Writes one bench_serve.py result per run,
 results_peer.json and results_peer.md (medians over rounds of TTFT and output tok/s, and
 NInfer ÷ llama.cpp).
 """
@@ -81,19 +86,43 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, tuple[subpr
         servers[name] = (subprocess.Popen(command, stdout=log, stderr=log, env=own), port)
     port = free_port()
     context = args.lanes * (args.input_len + args.output_len + 128)
-    command = [
-        args.peer_python,
-        str(BENCH / "llama_cpp_server.py"),
-        str(args.gguf),
-        "--port",
-        str(port),
-        "--threads",
-        str(args.threads),
-        "--parallel",
-        str(args.lanes),
-        "--ctx-size",
-        str(context),
-    ]
+    if args.peer_server is not None:
+        # llama-server's own flags, the same settings llama_cpp_server.py gives the wheel.
+        command = [
+            str(args.peer_server),
+            "-m",
+            str(args.gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            str(args.threads),
+            "-tb",
+            str(args.threads),
+            "-np",
+            str(args.lanes),
+            "-c",
+            str(context),
+            "-b",
+            "2048",
+            "--alias",
+            args.gguf.stem,
+        ]
+    else:
+        command = [
+            args.peer_python,
+            str(BENCH / "llama_cpp_server.py"),
+            str(args.gguf),
+            "--port",
+            str(port),
+            "--threads",
+            str(args.threads),
+            "--parallel",
+            str(args.lanes),
+            "--ctx-size",
+            str(context),
+        ]
     log = open(logs / "llama.cpp.log", "w")  # noqa: SIM115
     # The wheel's ggml uses OpenMP, whose threads spin between operations by default: on a
     # shared machine a spinning thread that is preempted stalls every barrier (measured here
@@ -104,6 +133,21 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, tuple[subpr
         port,
     )
     return servers
+
+
+def peer_system_info(args: argparse.Namespace) -> str:
+    """The peer's "CPU : SSE3 = 1 | ..." line: printed by llama_cpp_server.py into its log; a
+    llama-server logs it only at trace verbosity, so it is asked separately, with no model
+    (it prints the line, fails to load and exits)."""
+    if args.peer_server is not None:
+        probe = [str(args.peer_server), "-lv", "4", "-m", "/nonexistent.gguf"]
+        probe += ["-t", str(args.threads)]
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        lines = (done.stdout + done.stderr).splitlines()
+    else:
+        lines = (args.out / "llama.cpp.log").read_text().splitlines()
+    found = (line[line.index("CPU :") :].strip() for line in lines if "CPU :" in line)
+    return next(found, "unknown")
 
 
 def run_bench(
@@ -160,7 +204,8 @@ def to_markdown(table: dict, levels: list[int], info: dict[str, Any]) -> str:
         f"{info['output_len']} output tokens (ignore_eos, greedy), {info['lanes']} slots each, "
         f"threads {info['threads']}; {info['rounds']} rounds alternating; load average "
         f"{info['load_before']:.1f} before, {info['load_after']:.1f} after.",
-        f"llama.cpp: {info['peer_system_info']} OMP_WAIT_POLICY={info['peer_omp_wait_policy']}",
+        f"llama.cpp ({info['peer']}): {info['peer_system_info']} "
+        f"OMP_WAIT_POLICY={info['peer_omp_wait_policy']}",
         "",
         "| server | c | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | output tok/s per round "
         "| ÷ llama.cpp (tok/s) | ÷ llama.cpp (TTFT) |",
@@ -183,7 +228,9 @@ def to_markdown(table: dict, levels: list[int], info: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("gguf", type=Path)
-    parser.add_argument("--peer-python", required=True, help="a Python with xllamacpp")
+    peer = parser.add_mutually_exclusive_group(required=True)
+    peer.add_argument("--peer-server", type=Path, help="a llama-server binary")
+    peer.add_argument("--peer-python", help="a Python with xllamacpp")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--lanes", type=int, default=4)
@@ -236,14 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    system_info = next(
-        (
-            line.strip()
-            for line in (args.out / "llama.cpp.log").read_text().splitlines()
-            if line.startswith("CPU :")
-        ),
-        "unknown",
-    )
+    system_info = peer_system_info(args)
     table = summarize(runs, names, args.concurrency)
     info = {
         "model": args.gguf.name,
@@ -254,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "load_before": load_before,
         "load_after": load_after,
+        "peer": f"llama-server {args.peer_server}" if args.peer_server else "xllamacpp wheel",
         "peer_system_info": system_info,
         "peer_omp_wait_policy": args.peer_omp_wait_policy,
     }
