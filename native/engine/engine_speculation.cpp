@@ -283,7 +283,7 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
       for (size_t l = 0; l < lanes.size(); ++l) {
         Lane& lane = lanes[l];
         if (static_cast<int32_t>(lane.seq->mtp_drafts.size()) >= lane.drafts) continue;
-        lane.seq->mtp_drafts.push_back(argmax(mtp_logits_.data() + l * vocab, vocab));
+        lane.seq->mtp_drafts.push_back(mtp_->proposal_token(argmax(mtp_logits_.data() + l * vocab, vocab)));
         if (static_cast<int32_t>(lane.seq->mtp_drafts.size()) < lane.drafts) active.push_back(l);
       }
       if (active.empty()) break;
