@@ -50,6 +50,10 @@ struct SpeculativeOptions {
   // --lm-head-draft: MTP drafts score token ids below this only (ModelOptions::proposal_vocab);
   // 0 = the full lm_head. Verification always scores the full vocabulary.
   int32_t lm_head_draft_tokens = 0;
+  // Drafting stops while a step decodes more rows than this (0 = no limit; -1 = auto, resolved
+  // by open_engine: 3 on MoE artifacts, whose verification rounds read many more experts than a
+  // plain step, and no limit on dense ones). Rows decode one token each meanwhile; exact as ever.
+  int32_t max_batch = -1;
   bool enabled() const { return mtp_draft_tokens > 0 || ngram_draft_tokens > 0; }
   int32_t max_drafts() const { return mtp_draft_tokens > ngram_draft_tokens ? mtp_draft_tokens : ngram_draft_tokens; }
 };
@@ -248,6 +252,7 @@ class Engine {
   void commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, EngineEvent& event, bool sampled_on_device);
   // The next round's proposals of every decoding request (n-gram, or the MTP head's).
   void choose_drafts();
+  bool drafting_paused(int32_t decode_rows) const;  // SpeculativeOptions::max_batch
   // After a committed step: the MTP head reads the step's hidden states and drafts ahead.
   void draft_with_mtp(const std::vector<Sequence*>& done);
   double peek_draw(Sequence& seq, size_t index) const;

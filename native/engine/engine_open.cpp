@@ -83,6 +83,7 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   std::shared_ptr<const Artifact> artifact = Artifact::open(artifact_path);
   if (options.eos_ids.empty()) options.eos_ids = artifact_eos_ids(*artifact);
   options = resolve_options(std::move(options), artifact->config().get_int("max_position_embeddings", 0));
+  if (options.spec.max_batch < 0) options.spec.max_batch = artifact->config().get_int("num_experts", 0) > 0 ? 3 : 0;
   if (options.max_concurrency < 1 || options.max_concurrency > 8)
     throw std::invalid_argument("max_concurrency must be between 1 and 8, got " +
                                 std::to_string(options.max_concurrency));

@@ -29,6 +29,8 @@ std::string speculative_options_problem(const SpeculativeOptions& spec) {
     return "n-gram min match must be between 4 and 64, got " + std::to_string(spec.ngram_min_match);
   if (spec.lm_head_draft_tokens < 0)
     return "the proposal head size must not be negative, got " + std::to_string(spec.lm_head_draft_tokens);
+  if (spec.max_batch < -1)
+    return "the speculative batch limit must be -1 (auto), 0 (none) or positive, got " + std::to_string(spec.max_batch);
   if (spec.lm_head_draft_tokens > 0 && spec.mtp_draft_tokens == 0)
     return "a proposal head (lm_head_draft_tokens) drafts for the MTP head: it needs mtp_draft_tokens";
   return {};
@@ -62,12 +64,21 @@ void keep_constraint_start_out(Sequence& seq) {
 
 }  // namespace
 
+bool Engine::drafting_paused(int32_t decode_rows) const {
+  return options_.spec.max_batch > 0 && decode_rows > options_.spec.max_batch;
+}
+
 void Engine::choose_drafts() {
   const SpeculativeOptions& spec = options_.spec;
+  int32_t decoding = 0;
+  for (const Sequence* seq : scheduler_.resident())
+    if (seq->phase == Phase::Decoding && !seq->cancel_requested) ++decoding;
+  // Above the batch limit every row decodes plainly (a fallback step), until the batch shrinks.
+  const bool paused = drafting_paused(decoding);
   for (Sequence* seq : scheduler_.resident()) {
     seq->drafts.clear();
     seq->drafts_from_ngram = false;
-    if (seq->phase != Phase::Decoding || seq->cancel_requested) continue;
+    if (paused || seq->phase != Phase::Decoding || seq->cancel_requested) continue;
     // The round commits at most drafts + 1 tokens, so the output cap bounds the proposals
     // (and with it every position a round writes stays under max_context).
     const int32_t room = seq->output_cap - static_cast<int32_t>(seq->output.size()) - 1;
@@ -266,7 +277,10 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
                        hidden_.begin() + static_cast<ptrdiff_t>(begin + pairs) * h);
     last_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
     const int32_t room = seq.output_cap - static_cast<int32_t>(seq.output.size()) - 1;
-    lanes.push_back({&seq, seq.phase == Phase::Decoding ? std::max(0, std::min(room, options_.spec.mtp_draft_tokens)) : 0});
+    // Above the batch limit the head still passes over the kept positions (its KV layer stays
+    // complete for when drafting resumes) but drafts nothing.
+    const bool wanted = seq.phase == Phase::Decoding && !drafting_paused(step_.decode_rows);
+    lanes.push_back({&seq, wanted ? std::max(0, std::min(room, options_.spec.mtp_draft_tokens)) : 0});
   }
   if (plan.slices.empty()) return;
   plan.tokens = tokens;
