@@ -198,6 +198,7 @@ py::dict stats_dict(const EngineStats& s) {
     host_work[kHostPhaseNames[i]] = static_cast<double>(s.host_work_ns[i]) * 1e-9;
   d["host_work_seconds"] = host_work;
   d["device_wait_seconds"] = static_cast<double>(s.device_wait_ns) * 1e-9;
+  d["constraint_draft_wait_seconds"] = static_cast<double>(s.constraint_draft_wait_ns) * 1e-9;
   return d;
 }
 

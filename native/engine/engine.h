@@ -167,6 +167,9 @@ struct EngineStats {
   // Worker wall time (engine/worker_time.h): host phases by HostPhase, and device wait.
   std::array<uint64_t, kHostPhases> host_work_ns{};
   uint64_t device_wait_ns = 0;
+  // The part of device_wait_ns spent waiting for drafts (the MTP head's traversals) in batches
+  // with a constrained request, whose masks wait on those proposals; once per batch.
+  uint64_t constraint_draft_wait_ns = 0;
 };
 
 // What a prefix cache file save or load did.
@@ -348,7 +351,8 @@ class Engine {
       finished_error_{0}, queue_timeouts_{0}, submits_refused_{0};
   std::atomic<uint64_t> recoveries_out_of_memory_{0}, recoveries_failed_step_{0};
   mutable std::atomic<uint64_t> spec_rounds_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0},
-      spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0}, spec_fallback_steps_{0};
+      spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0}, spec_fallback_steps_{0},
+      constraint_draft_wait_ns_{0};
   std::atomic<uint64_t> replay_restores_{0}, tokens_replayed_{0};
   std::atomic<int32_t> replaying_gauge_{0};
   std::atomic<int> device_fault_after_{-1};

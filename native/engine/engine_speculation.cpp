@@ -284,13 +284,21 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
   }
   if (plan.slices.empty()) return;
   plan.tokens = tokens;
+  // A constrained request's next masks wait on these drafts: its batch's head traversals are
+  // the draft-ready wait (ninfer_constraint_draft_wait_seconds_total), counted once per batch.
+  bool constrained = false;
+  for (const Lane& lane : lanes) constrained = constrained || (lane.seq->constraint && lane.drafts > 0);
+  const auto draft_wait = [&] {
+    const uint64_t ns = worker_time_.lap_device_wait();
+    if (constrained) constraint_draft_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
+  };
   const int64_t vocab = mtp_->proposal_vocab();  // the columns the head scores (--lm-head-draft)
   try {
     mtp_logits_.resize(last_rows.size() * static_cast<size_t>(vocab));
     mtp_hidden_.resize(last_rows.size() * static_cast<size_t>(h));
     worker_time_.lap(HostPhase::ProgramPost);  // the head's traversals are device wait
     mtp_->forward_mtp_rows(plan, hidden_prev.data(), 0, last_rows, mtp_logits_.data(), mtp_hidden_.data());
-    worker_time_.lap_device_wait();
+    draft_wait();
     // Later steps: one token per lane that still wants drafts.
     for (int step = 1;; ++step) {
       std::vector<size_t> active;
@@ -334,7 +342,7 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
       std::vector<float> logits(active.size() * static_cast<size_t>(vocab)), hidden(active.size() * static_cast<size_t>(h));
       worker_time_.lap(HostPhase::ProgramPost);
       mtp_->forward_mtp_rows(next, next_hidden.data(), step, next_rows, logits.data(), hidden.data());
-      worker_time_.lap_device_wait();
+      draft_wait();
       // Lanes not in `active` are complete; scatter the active ones back to their slots.
       for (size_t a = 0; a < active.size(); ++a) {
         std::copy_n(logits.begin() + static_cast<ptrdiff_t>(a) * vocab, vocab,
