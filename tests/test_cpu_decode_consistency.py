@@ -4,10 +4,15 @@ Found by bench/bench_spec_cpu.py --copy (2026-12-02): on the embedded SmolLM2-13
 threads, decode steps past ~100 tokens of context differ from the prefill (and from a
 speculative verification slice, which matches the prefill bit for bit) by 0.3-0.9 in the
 logits, enough to flip greedy choices, so n-gram speculation's greedy output drifts from
-plain greedy. With one thread the decode steps equal the prefill bit for bit. Not located
-yet (one suspect is the attention's page-split path for steps with fewer tasks than threads,
-native/backends/cpu/cpu_attention.cpp, though some split steps do match); an expected failure
-until it is fixed.
+plain greedy. With one thread the decode steps equal the prefill bit for bit. The seed is
+the attention's page split for steps with fewer tasks than threads
+(native/backends/cpu/cpu_attention.cpp): from the second 64-token page on, a decode step
+merges per-range softmax states while a prefill folds the pages in one pass, which differs
+by ~1e-5 (measured with the same model converted to f32: 1e-5 in the logits, nothing that
+flips greedy); with q8_0 weights the activations are quantized to int8 before each matmul and
+those roundings amplify it to 0.3-0.9. A fix makes the split a function of the page count
+only (the same ranges and merge order for a row whatever the batch), so every path computes
+a row identically. An expected failure until then.
 """
 
 from __future__ import annotations
