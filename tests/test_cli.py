@@ -130,6 +130,7 @@ def test_spec_off_and_zero_ngram_drafts_are_ordinary_values_that_disable_specula
         "mtp_draft_tokens": 0,
         "ngram_draft_tokens": 0,
         "ngram_min_match": 12,
+        "spec_max_batch": -1,
         "lm_head_draft_tokens": 0,
     }
 

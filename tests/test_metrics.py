@@ -60,6 +60,7 @@ FAMILIES = (
     "ninfer_context_transfer_bytes",
     "ninfer_host_work_seconds",
     "ninfer_device_wait_seconds",
+    "ninfer_constraint_draft_wait_seconds",
 )
 
 

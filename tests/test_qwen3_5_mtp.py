@@ -115,3 +115,37 @@ def test_model_without_mtp_head_says_so(tmp_path):
     assert runner.info["num_kv_layers"] == 1  # one full-attention layer, no MTP layer
     with pytest.raises(RuntimeError, match="no MTP head"):
         runner.forward_mtp(0, 0, [1], np.zeros((1, 64), np.float32))
+
+
+def test_the_proposal_head_also_scores_its_extra_ids_from_their_own_rows(case):
+    """--lm-head-draft with extra ids (EOS, thinking and tool markers): their columns follow
+    the prefix in ascending id order, each equal to the full head's column of that id, so the
+    argmax over the proposal columns, mapped through proposal_ids, is the full head's argmax
+    whenever that lies in the subset."""
+    path, config, _ = case
+    vocab = config["vocab_size"]
+    rng = np.random.default_rng(6)
+    hidden = rng.standard_normal((12, config["hidden_size"])).astype(np.float32)
+    tokens = rng.integers(0, vocab, 12).tolist()
+    full_runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2)
+    full, _ = full_runner.forward_mtp(0, 0, tokens, hidden, step=0)
+    winners = sorted({int(i) for i in full.argmax(axis=1)} - set(range(64)))
+    extras = [vocab - 1, *winners, vocab - 2, 5, vocab + 7, winners[0] if winners else 6]
+    runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, threads=2,
+                               proposal_vocab=64)  # fmt: skip
+    runner.set_proposal_extra_ids(extras)
+    ids = runner.proposal_ids
+    # Inside-prefix ids, ids outside the vocabulary and duplicates add nothing.
+    expected = sorted(set(extras) - set(range(64)) - {vocab + 7})
+    assert ids == list(range(64)) + expected
+    part, _ = runner.forward_mtp(0, 0, tokens, hidden, step=0)
+    assert part.shape == (12, len(ids))
+    np.testing.assert_array_equal(part, full[:, ids])
+    for row in range(12):
+        assert ids[int(part[row].argmax())] == int(full[row].argmax())
+    # A draft step (one row) too, and clearing the extras gives back the bare prefix.
+    step_part, _ = runner.forward_mtp(0, 12, [3], hidden[-1:], step=1)
+    step_full, _ = full_runner.forward_mtp(0, 12, [3], hidden[-1:], step=1)
+    np.testing.assert_array_equal(step_part, step_full[:, ids])
+    runner.set_proposal_extra_ids([])
+    assert runner.proposal_ids == list(range(64))

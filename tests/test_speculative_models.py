@@ -212,3 +212,27 @@ def test_mtp_needs_an_mtp_head(artifact):
         pytest.skip("has an MTP head")
     with pytest.raises(ValueError, match="MTP head"):
         _engine(artifact, mtp_draft_tokens=2)
+
+
+def test_draft_wait_of_constrained_batches_is_counted_apart(artifact):
+    """ninfer_constraint_draft_wait_seconds: the MTP head's traversals in batches with a
+    constrained request (their masks wait on the drafts) are counted, as part of device wait;
+    without a constraint the counter stays at zero."""
+    if artifact[0] != "qwen3_5":
+        pytest.skip("needs an MTP head; one hybrid model suffices")
+    schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+    prompt = _prompts()[1]
+    free = _engine(artifact, mtp_draft_tokens=2)
+    run_one(free, prompt, 12, **GREEDY)
+    assert free.stats()["spec_rounds"] > 0
+    assert free.stats()["constraint_draft_wait_seconds"] == 0
+    engine = _engine(artifact, mtp_draft_tokens=2)
+    grammar = engine.compile_grammar("json_schema", schema)
+    plain = _engine(artifact)
+    greedy = {"temperature": 0.0}  # a constrained request ends at EOS
+    expected = run_one(plain, prompt, 12, constraint=plain.compile_grammar("json_schema", schema),
+                       **greedy)  # fmt: skip
+    got = run_one(engine, prompt, 12, constraint=grammar, **greedy)
+    assert got.tokens == expected.tokens
+    stats = engine.stats()
+    assert 0 < stats["constraint_draft_wait_seconds"] <= stats["device_wait_seconds"]

@@ -198,6 +198,7 @@ py::dict stats_dict(const EngineStats& s) {
     host_work[kHostPhaseNames[i]] = static_cast<double>(s.host_work_ns[i]) * 1e-9;
   d["host_work_seconds"] = host_work;
   d["device_wait_seconds"] = static_cast<double>(s.device_wait_ns) * 1e-9;
+  d["constraint_draft_wait_seconds"] = static_cast<double>(s.constraint_draft_wait_ns) * 1e-9;
   return d;
 }
 
@@ -219,7 +220,8 @@ EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t pre
                            int64_t kv_capacity, int64_t vram_headroom_mib, bool prefix_reuse, int32_t snapshot_slots,
                            int32_t taps_per_request, int32_t tap_ladder, int32_t tap_min_gap,
                            int32_t mtp_draft_tokens, int32_t ngram_draft_tokens, int32_t ngram_min_match,
-                           int64_t host_context_bytes, int32_t lm_head_draft_tokens, const std::string& kv_dtype) {
+                           int64_t host_context_bytes, int32_t lm_head_draft_tokens, const std::string& kv_dtype,
+                           int32_t spec_max_batch) {
   EngineOptions o;
   try {
     o.kv_dtype = kv_dtype_from_name(kv_dtype);
@@ -238,6 +240,7 @@ EngineOptions make_options(int max_concurrency, int32_t max_context, int32_t pre
   o.spec.ngram_draft_tokens = ngram_draft_tokens;
   o.spec.ngram_min_match = ngram_min_match;
   o.spec.lm_head_draft_tokens = lm_head_draft_tokens;
+  o.spec.max_batch = spec_max_batch;
   if (auto problem = speculative_options_problem(o.spec); !problem.empty()) throw py::value_error(problem);
   o.device_sampling = device_sampling;
   o.max_concurrency = max_concurrency;
@@ -366,7 +369,7 @@ void bind_engine_class(py::module_& m) {
            py::arg("snapshot_slots") = 0, py::arg("taps_per_request") = -1, py::arg("tap_ladder") = 0,
            py::arg("tap_min_gap") = 0, py::arg("mtp_draft_tokens") = 0, py::arg("ngram_draft_tokens") = 0,
            py::arg("ngram_min_match") = 12, py::arg("host_context_bytes") = 0, py::arg("lm_head_draft_tokens") = 0,
-           py::arg("kv_dtype") = "bf16")
+           py::arg("kv_dtype") = "bf16", py::arg("spec_max_batch") = -1)
       .def_readwrite("kv_capacity", &EngineOptions::kv_capacity)
       .def_property_readonly("kv_dtype",
                              [](const EngineOptions& o) { return std::string(kv_dtype_name(o.kv_dtype)); })
@@ -388,7 +391,8 @@ void bind_engine_class(py::module_& m) {
       .def_property_readonly("ngram_draft_tokens", [](const EngineOptions& o) { return o.spec.ngram_draft_tokens; })
       .def_property_readonly("ngram_min_match", [](const EngineOptions& o) { return o.spec.ngram_min_match; })
       .def_property_readonly("lm_head_draft_tokens",
-                             [](const EngineOptions& o) { return o.spec.lm_head_draft_tokens; });
+                             [](const EngineOptions& o) { return o.spec.lm_head_draft_tokens; })
+      .def_property_readonly("spec_max_batch", [](const EngineOptions& o) { return o.spec.max_batch; });
 
   py::class_<PyEngine>(m, "Engine")
       .def_static(

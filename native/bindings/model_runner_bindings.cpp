@@ -177,6 +177,21 @@ class ModelRunner {
     head->set_proposal_vocab(tokens);
   }
 
+  void set_proposal_extra_ids(std::vector<int32_t> ids) {
+    auto* head = dynamic_cast<MtpHead*>(model_.get());
+    if (!head) throw py::value_error("this model has no MTP head");
+    head->set_proposal_extra_ids(std::move(ids));
+  }
+
+  // The token id of every column of the MTP logits (the prefix ids, then the extra ids).
+  std::vector<int32_t> proposal_ids() const {
+    auto* head = dynamic_cast<MtpHead*>(model_.get());
+    if (!head) throw py::value_error("this model has no MTP head");
+    std::vector<int32_t> ids(static_cast<size_t>(head->proposal_vocab()));
+    for (size_t c = 0; c < ids.size(); ++c) ids[c] = head->proposal_token(static_cast<int64_t>(c));
+    return ids;
+  }
+
   void reset(int lane) {
     Lane& state = lane_at(lane);
     for (const auto& other : lanes_)
@@ -345,6 +360,10 @@ void bind_model_runner(py::module_& m) {
            "for each slice's last row.")
       .def("set_proposal_vocab", &ModelRunner::set_proposal_vocab, py::arg("tokens"),
            "The MTP head scores token ids below `tokens` only (--lm-head-draft); 0 = the full lm_head.")
+      .def("set_proposal_extra_ids", &ModelRunner::set_proposal_extra_ids, py::arg("ids"),
+           "Ids the proposal head scores beside its prefix (their columns follow it, ascending).")
+      .def_property_readonly("proposal_ids", &ModelRunner::proposal_ids,
+                             "The token id of each column of the MTP head's logits.")
       .def("reset", &ModelRunner::reset, py::arg("lane"))
       .def("share_prefix", &ModelRunner::share_prefix, py::arg("src"), py::arg("dst"), py::arg("length"),
            "Lane dst starts with src's first `length` tokens (a multiple of 64) on shared pages.")

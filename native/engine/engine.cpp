@@ -316,6 +316,7 @@ EngineStats Engine::stats(bool check_cache) const {
   s.replaying = replaying_gauge_.load();
   for (size_t i = 0; i < kHostPhases; ++i) s.host_work_ns[i] = worker_time_.host_ns(static_cast<HostPhase>(i));
   s.device_wait_ns = worker_time_.device_wait_ns();
+  s.constraint_draft_wait_ns = constraint_draft_wait_ns_.load();
   return s;
 }
 

@@ -50,6 +50,10 @@ struct SpeculativeOptions {
   // --lm-head-draft: MTP drafts score token ids below this only (ModelOptions::proposal_vocab);
   // 0 = the full lm_head. Verification always scores the full vocabulary.
   int32_t lm_head_draft_tokens = 0;
+  // Drafting stops while a step decodes more rows than this (0 = no limit; -1 = auto, resolved
+  // by open_engine: 3 on MoE artifacts, whose verification rounds read many more experts than a
+  // plain step, and no limit on dense ones). Rows decode one token each meanwhile; exact as ever.
+  int32_t max_batch = -1;
   bool enabled() const { return mtp_draft_tokens > 0 || ngram_draft_tokens > 0; }
   int32_t max_drafts() const { return mtp_draft_tokens > ngram_draft_tokens ? mtp_draft_tokens : ngram_draft_tokens; }
 };
@@ -163,6 +167,9 @@ struct EngineStats {
   // Worker wall time (engine/worker_time.h): host phases by HostPhase, and device wait.
   std::array<uint64_t, kHostPhases> host_work_ns{};
   uint64_t device_wait_ns = 0;
+  // The part of device_wait_ns spent waiting for drafts (the MTP head's traversals) in batches
+  // with a constrained request, whose masks wait on those proposals; once per batch.
+  uint64_t constraint_draft_wait_ns = 0;
 };
 
 // What a prefix cache file save or load did.
@@ -248,6 +255,7 @@ class Engine {
   void commit_row(Sequence& seq, const SeqSlice& slice, int logit_row, EngineEvent& event, bool sampled_on_device);
   // The next round's proposals of every decoding request (n-gram, or the MTP head's).
   void choose_drafts();
+  bool drafting_paused(int32_t decode_rows) const;  // SpeculativeOptions::max_batch
   // After a committed step: the MTP head reads the step's hidden states and drafts ahead.
   void draft_with_mtp(const std::vector<Sequence*>& done);
   double peek_draw(Sequence& seq, size_t index) const;
@@ -343,7 +351,8 @@ class Engine {
       finished_error_{0}, queue_timeouts_{0}, submits_refused_{0};
   std::atomic<uint64_t> recoveries_out_of_memory_{0}, recoveries_failed_step_{0};
   mutable std::atomic<uint64_t> spec_rounds_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0},
-      spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0}, spec_fallback_steps_{0};
+      spec_ngram_rounds_{0}, spec_ngram_draft_tokens_{0}, spec_ngram_accepted_tokens_{0}, spec_fallback_steps_{0},
+      constraint_draft_wait_ns_{0};
   std::atomic<uint64_t> replay_restores_{0}, tokens_replayed_{0};
   std::atomic<int32_t> replaying_gauge_{0};
   std::atomic<int> device_fault_after_{-1};

@@ -22,6 +22,32 @@ std::vector<int32_t> artifact_eos_ids(const Artifact& artifact) {
   return ids;
 }
 
+// --lm-head-draft: the tokens the proposal head scores beside its lowest ids, so that rounds
+// which end a turn, close thinking or open a tool call can accept there: the EOS ids and every
+// token the tokenizer adds (Qwen's control and special tokens sit above the vocabulary's merges).
+// Capped: a tokenizer with thousands of added tokens keeps the lowest kMaxProposalExtras (and EOS).
+constexpr size_t kMaxProposalExtras = 256;
+
+std::vector<int32_t> proposal_extra_ids(const Artifact& artifact, const std::vector<int32_t>& eos_ids) {
+  std::vector<int32_t> ids;
+  if (artifact.has_resource("tokenizer.json")) {
+    try {
+      const json::Value document = json::Value::parse(artifact.resource("tokenizer.json"));
+      const json::Value& added = document["added_tokens"];
+      if (added.is_array())
+        for (const auto& token : added.as_array())
+          if (token["id"].is_number()) ids.push_back(static_cast<int32_t>(token["id"].as_int()));
+    } catch (const std::exception&) {
+      // A tokenizer the engine cannot read only leaves the proposal head at its prefix.
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  if (ids.size() > kMaxProposalExtras) ids.resize(kMaxProposalExtras);
+  ids.insert(ids.end(), eos_ids.begin(), eos_ids.end());  // always, whatever the cap (the model dedups)
+  return ids;
+}
+
 constexpr int64_t kMiB = int64_t{1} << 20;
 
 // --kv-capacity auto: the pool takes the memory the weights, workspaces and snapshot slots
@@ -57,6 +83,7 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   std::shared_ptr<const Artifact> artifact = Artifact::open(artifact_path);
   if (options.eos_ids.empty()) options.eos_ids = artifact_eos_ids(*artifact);
   options = resolve_options(std::move(options), artifact->config().get_int("max_position_embeddings", 0));
+  if (options.spec.max_batch < 0) options.spec.max_batch = artifact->config().get_int("num_experts", 0) > 0 ? 3 : 0;
   if (options.max_concurrency < 1 || options.max_concurrency > 8)
     throw std::invalid_argument("max_concurrency must be between 1 and 8, got " +
                                 std::to_string(options.max_concurrency));
@@ -75,6 +102,7 @@ std::unique_ptr<Engine> open_engine(const std::string& artifact_path, EngineOpti
   model_options.max_batch_tokens = options.prefill_chunk + options.max_concurrency * verify;
   model_options.max_verify_tokens = options.spec.enabled() ? verify : 0;
   model_options.proposal_vocab = options.spec.mtp_draft_tokens > 0 ? options.spec.lm_head_draft_tokens : 0;
+  if (model_options.proposal_vocab > 0) model_options.proposal_extra_ids = proposal_extra_ids(*artifact, options.eos_ids);
   model_options.threads = runtime.threads;
   model_options.device = runtime.device;
   model_options.random_weights_seed = runtime.random_weights_seed;

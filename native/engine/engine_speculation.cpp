@@ -29,6 +29,8 @@ std::string speculative_options_problem(const SpeculativeOptions& spec) {
     return "n-gram min match must be between 4 and 64, got " + std::to_string(spec.ngram_min_match);
   if (spec.lm_head_draft_tokens < 0)
     return "the proposal head size must not be negative, got " + std::to_string(spec.lm_head_draft_tokens);
+  if (spec.max_batch < -1)
+    return "the speculative batch limit must be -1 (auto), 0 (none) or positive, got " + std::to_string(spec.max_batch);
   if (spec.lm_head_draft_tokens > 0 && spec.mtp_draft_tokens == 0)
     return "a proposal head (lm_head_draft_tokens) drafts for the MTP head: it needs mtp_draft_tokens";
   return {};
@@ -62,12 +64,21 @@ void keep_constraint_start_out(Sequence& seq) {
 
 }  // namespace
 
+bool Engine::drafting_paused(int32_t decode_rows) const {
+  return options_.spec.max_batch > 0 && decode_rows > options_.spec.max_batch;
+}
+
 void Engine::choose_drafts() {
   const SpeculativeOptions& spec = options_.spec;
+  int32_t decoding = 0;
+  for (const Sequence* seq : scheduler_.resident())
+    if (seq->phase == Phase::Decoding && !seq->cancel_requested) ++decoding;
+  // Above the batch limit every row decodes plainly (a fallback step), until the batch shrinks.
+  const bool paused = drafting_paused(decoding);
   for (Sequence* seq : scheduler_.resident()) {
     seq->drafts.clear();
     seq->drafts_from_ngram = false;
-    if (seq->phase != Phase::Decoding || seq->cancel_requested) continue;
+    if (paused || seq->phase != Phase::Decoding || seq->cancel_requested) continue;
     // The round commits at most drafts + 1 tokens, so the output cap bounds the proposals
     // (and with it every position a round writes stays under max_context).
     const int32_t room = seq->output_cap - static_cast<int32_t>(seq->output.size()) - 1;
@@ -266,24 +277,35 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
                        hidden_.begin() + static_cast<ptrdiff_t>(begin + pairs) * h);
     last_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
     const int32_t room = seq.output_cap - static_cast<int32_t>(seq.output.size()) - 1;
-    lanes.push_back({&seq, seq.phase == Phase::Decoding ? std::max(0, std::min(room, options_.spec.mtp_draft_tokens)) : 0});
+    // Above the batch limit the head still passes over the kept positions (its KV layer stays
+    // complete for when drafting resumes) but drafts nothing.
+    const bool wanted = seq.phase == Phase::Decoding && !drafting_paused(step_.decode_rows);
+    lanes.push_back({&seq, wanted ? std::max(0, std::min(room, options_.spec.mtp_draft_tokens)) : 0});
   }
   if (plan.slices.empty()) return;
   plan.tokens = tokens;
+  // A constrained request's next masks wait on these drafts: its batch's head traversals are
+  // the draft-ready wait (ninfer_constraint_draft_wait_seconds_total), counted once per batch.
+  bool constrained = false;
+  for (const Lane& lane : lanes) constrained = constrained || (lane.seq->constraint && lane.drafts > 0);
+  const auto draft_wait = [&] {
+    const uint64_t ns = worker_time_.lap_device_wait();
+    if (constrained) constraint_draft_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
+  };
   const int64_t vocab = mtp_->proposal_vocab();  // the columns the head scores (--lm-head-draft)
   try {
     mtp_logits_.resize(last_rows.size() * static_cast<size_t>(vocab));
     mtp_hidden_.resize(last_rows.size() * static_cast<size_t>(h));
     worker_time_.lap(HostPhase::ProgramPost);  // the head's traversals are device wait
     mtp_->forward_mtp_rows(plan, hidden_prev.data(), 0, last_rows, mtp_logits_.data(), mtp_hidden_.data());
-    worker_time_.lap_device_wait();
+    draft_wait();
     // Later steps: one token per lane that still wants drafts.
     for (int step = 1;; ++step) {
       std::vector<size_t> active;
       for (size_t l = 0; l < lanes.size(); ++l) {
         Lane& lane = lanes[l];
         if (static_cast<int32_t>(lane.seq->mtp_drafts.size()) >= lane.drafts) continue;
-        lane.seq->mtp_drafts.push_back(argmax(mtp_logits_.data() + l * vocab, vocab));
+        lane.seq->mtp_drafts.push_back(mtp_->proposal_token(argmax(mtp_logits_.data() + l * vocab, vocab)));
         if (static_cast<int32_t>(lane.seq->mtp_drafts.size()) < lane.drafts) active.push_back(l);
       }
       if (active.empty()) break;
@@ -320,7 +342,7 @@ void Engine::draft_with_mtp(const std::vector<Sequence*>& done) {
       std::vector<float> logits(active.size() * static_cast<size_t>(vocab)), hidden(active.size() * static_cast<size_t>(h));
       worker_time_.lap(HostPhase::ProgramPost);
       mtp_->forward_mtp_rows(next, next_hidden.data(), step, next_rows, logits.data(), hidden.data());
-      worker_time_.lap_device_wait();
+      draft_wait();
       // Lanes not in `active` are complete; scatter the active ones back to their slots.
       for (size_t a = 0; a < active.size(); ++a) {
         std::copy_n(logits.begin() + static_cast<ptrdiff_t>(a) * vocab, vocab,

@@ -37,7 +37,12 @@ class WorkerTime {
   void lap(HostPhase phase) { host_ns_[static_cast<size_t>(phase)].fetch_add(take(), std::memory_order_relaxed); }
   // Worker only. The time since the last lap was spent blocked in a backend forward (on the
   // CPU backend that is the forward's computation itself).
-  void lap_device_wait() { device_wait_ns_.fetch_add(take(), std::memory_order_relaxed); }
+  // Returns the lap's nanoseconds (a caller may also charge them to a sub-account).
+  uint64_t lap_device_wait() {
+    const uint64_t ns = take();
+    device_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
+    return ns;
+  }
 
   // Any thread.
   uint64_t host_ns(HostPhase phase) const { return host_ns_[static_cast<size_t>(phase)].load(std::memory_order_relaxed); }

@@ -130,6 +130,8 @@ struct ModelOptions {
   // --lm-head-draft: the MTP head scores only token ids below this (the lowest ids; see
   // docs/engine.md for why those); 0, or the vocabulary size or more, = the full lm_head.
   int64_t proposal_vocab = 0;
+  // With proposal_vocab: ids above it the head scores as well (MtpHead::set_proposal_extra_ids).
+  std::vector<int32_t> proposal_extra_ids;
   int snapshot_slots = 0;          // recurrent-state snapshot slots (hybrid models; prefix cache)
   std::string device = "cpu";      // "cpu" or "cuda[:N]"
   // When >= 0, no weight is read from the artifact (only its header): every weight is made by

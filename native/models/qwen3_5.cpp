@@ -1,6 +1,7 @@
 #include "models/qwen3_5.h"
 #include "models/quantized_names.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 
 #include "artifact/artifact.h"
 #include "backends/backend.h"
+#include "backends/quantized_weight.h"
 #include "cache/kv_pool.h"
 #include "models/qwen3_5_config.h"
 #include "models/rope.h"
@@ -138,12 +140,25 @@ class Qwen35Model final : public Model, public MtpHead {
   void snapshot_io(int slot, float* host, bool to_host) override;
 
   int64_t mtp_layers() const override { return cfg_.mtp_layers; }
-  int64_t proposal_vocab() const override { return proposal_head_ ? proposal_head_.rows : cfg_.vocab; }
+  int64_t proposal_vocab() const override {
+    return proposal_head_ ? proposal_head_.rows + static_cast<int64_t>(proposal_extra_.size()) : cfg_.vocab;
+  }
+  int32_t proposal_token(int64_t column) const override {
+    if (!proposal_head_ || column < proposal_head_.rows) return static_cast<int32_t>(column);
+    return proposal_extra_.at(static_cast<size_t>(column - proposal_head_.rows));
+  }
+  void set_proposal_extra_ids(std::vector<int32_t> ids) override {
+    // A tokenizer may list more tokens than the lm_head has rows; those can never be sampled.
+    std::erase_if(ids, [&](int32_t id) { return id < 0 || id >= cfg_.vocab; });
+    requested_extra_ = std::move(ids);
+    rebuild_proposal_extras();
+  }
   void set_proposal_vocab(int64_t tokens) override {
     if (tokens < 0) throw std::invalid_argument("the proposal head size must not be negative");
     if (cfg_.mtp_layers == 0 && tokens > 0) throw std::invalid_argument("this artifact has no MTP head to draft with");
     if (tokens == 0 || tokens >= cfg_.vocab) {
       proposal_head_ = {};
+      rebuild_proposal_extras();
       return;
     }
     // Row-major formats make the lowest ids a prefix of the matrix; a block-quantized matrix
@@ -154,6 +169,27 @@ class Qwen35Model final : public Model, public MtpHead {
     if (vocab_parallel_) throw std::invalid_argument("--lm-head-draft does not run under tensor parallelism yet");
     proposal_head_ = lm_head_;
     proposal_head_.rows = tokens;
+    rebuild_proposal_extras();
+  }
+  // The extra ids above the prefix, sorted, and one lm_head row view per run of consecutive
+  // ids (Qwen's added tokens are one block, so this is usually one small matmul).
+  void rebuild_proposal_extras() {
+    proposal_extra_.clear();
+    proposal_runs_.clear();
+    if (!proposal_head_) return;
+    for (int32_t id : requested_extra_)
+      if (id >= proposal_head_.rows) proposal_extra_.push_back(id);
+    std::sort(proposal_extra_.begin(), proposal_extra_.end());
+    proposal_extra_.erase(std::unique(proposal_extra_.begin(), proposal_extra_.end()), proposal_extra_.end());
+    for (size_t i = 0; i < proposal_extra_.size();) {
+      size_t j = i + 1;
+      while (j < proposal_extra_.size() && proposal_extra_[j] == proposal_extra_[j - 1] + 1) ++j;
+      proposal_runs_.push_back(weight_rows(lm_head_, proposal_extra_[i], static_cast<int64_t>(j - i)));
+      i = j;
+    }
+    // Sized once for the widest plan, so a captured graph's output pointer never moves.
+    const auto extras = static_cast<int64_t>(proposal_extra_.size());
+    extra_logits_ = extras > 0 ? backend_->alloc(std::max<int64_t>(options_.max_batch_tokens, 1) * extras) : Buffer{};
   }
   void forward_mtp(const BatchPlan& plan, const float* hidden_prev, int step, float* logits,
                    float* hidden_out) override;
@@ -254,6 +290,11 @@ class Qwen35Model final : public Model, public MtpHead {
   // --lm-head-draft: the MTP head's proposal head, the first options_.proposal_vocab rows of
   // lm_head_ (a view, no copy); empty when drafting scores the full vocabulary.
   Weight proposal_head_;
+  // Ids it scores beside the prefix (set_proposal_extra_ids): as asked, and those that count
+  // (above the prefix, sorted, unique) with their lm_head row runs and their logits [rows, extras].
+  std::vector<int32_t> requested_extra_, proposal_extra_;
+  std::vector<Weight> proposal_runs_;
+  Buffer extra_logits_;
   Buffer final_norm_;
   std::vector<Layer> layers_;
   // MTP head: fc, its norms, and its decoder layers (full attention with the model's MLP type).
@@ -441,7 +482,11 @@ void Qwen35Model::load_weights() {
   if (untied) lm_head_ = matrix("lm_head.weight", cfg_.vocab, h, vocab_rows);
   else lm_head_ = vocab_parallel_ ? matrix("model.embed_tokens.weight", cfg_.vocab, h, vocab_rows) : embed_;
   final_norm_ = zero_centered_norm("model.norm.weight", h);
-  if (cfg_.mtp_layers > 0) set_proposal_vocab(options_.proposal_vocab);
+  if (cfg_.mtp_layers > 0) {
+    requested_extra_ = options_.proposal_extra_ids;
+    std::erase_if(requested_extra_, [&](int32_t id) { return id < 0 || id >= cfg_.vocab; });
+    set_proposal_vocab(options_.proposal_vocab);
+  }
   int64_t kv_layer = 0, gdn_index = 0;
   layers_.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t i = 0; i < cfg_.layers; ++i) {
@@ -852,6 +897,9 @@ void Qwen35Model::forward_mtp_rows(const BatchPlan& plan, const float* hidden_pr
   const auto n = static_cast<int64_t>(rows.size());
   const int64_t width = proposal_vocab();
   const Weight& head = proposal_head_ ? proposal_head_ : lm_head_;
+  const auto extras = static_cast<int64_t>(proposal_extra_.size());
+  if (n * extras > extra_logits_.size())
+    throw std::invalid_argument("forward_mtp: more output rows than the proposal head was sized for");
   const auto layer = static_cast<size_t>(step_index % cfg_.mtp_layers);
   Backend& b = *backend_;
   if (logits_.size() < n * cfg_.vocab) {
@@ -875,9 +923,29 @@ void Qwen35Model::forward_mtp_rows(const BatchPlan& plan, const float* hidden_pr
     b.gather_rows(hidden_.data(), h, rows, logit_inputs_.data());
     b.rms_norm(logit_inputs_.data(), n, h, mtp_norm_.data(), cfg_.eps, logit_inputs_.data());
     b.matmul(logit_inputs_.data(), n, head, nullptr, logits_.data());
+    int64_t column = 0;  // the extra ids' columns, run by run: [n, run rows] blocks
+    for (const Weight& run : proposal_runs_) {
+      b.matmul(logit_inputs_.data(), n, run, nullptr, extra_logits_.data() + n * column);
+      column += run.rows;
+    }
   }, variant);
   b.synchronize();
-  b.copy_to_host(logits, logits_.data(), n * width);
+  if (extras == 0) {
+    b.copy_to_host(logits, logits_.data(), n * width);
+  } else {
+    // Rows of [prefix | extras]: the prefix block, then each run's block scattered into place.
+    const int64_t prefix = head.rows;
+    std::vector<float> head_block(static_cast<size_t>(n * prefix)), extra(static_cast<size_t>(n * extras));
+    b.copy_to_host(head_block.data(), logits_.data(), n * prefix);
+    b.copy_to_host(extra.data(), extra_logits_.data(), n * extras);
+    int64_t column = 0;
+    for (const Weight& run : proposal_runs_) {
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n(extra.data() + n * column + r * run.rows, run.rows, logits + r * width + prefix + column);
+      column += run.rows;
+    }
+    for (int64_t r = 0; r < n; ++r) std::copy_n(head_block.data() + r * prefix, prefix, logits + r * width);
+  }
   if (hidden_out) b.copy_to_host(hidden_out, logit_inputs_.data(), n * h);
 }
 

@@ -38,6 +38,13 @@ class MtpHead {
   // Sets it: 0 or the vocabulary size or more = the full lm_head (std::invalid_argument for a
   // head that cannot be cut). Benchmarks switch it; the engine sets it once at load.
   virtual void set_proposal_vocab(int64_t tokens) = 0;
+  // Token ids the proposal head scores beside its lowest ids (the special and control tokens
+  // generation emits: EOS, thinking and tool markers), from their own lm_head rows. They are
+  // the columns after the prefix, in ascending id order; ids inside the prefix, duplicates
+  // ids outside the vocabulary and ids without a proposal head add nothing.
+  virtual void set_proposal_extra_ids(std::vector<int32_t> ids) = 0;
+  // The token id of a column of the logits above (the column itself inside the prefix).
+  virtual int32_t proposal_token(int64_t column) const = 0;
 };
 
 std::unique_ptr<Model> make_qwen3_5_model(const Artifact& artifact, KvPool& kv, const ModelOptions& options);

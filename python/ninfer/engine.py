@@ -70,6 +70,7 @@ def core_options(config: EngineConfig, eos_ids: Sequence[int]) -> Any:
         ngram_draft_tokens=config.ngram_draft_tokens,
         ngram_min_match=config.ngram_min_match,
         lm_head_draft_tokens=config.lm_head_draft_tokens,
+        spec_max_batch=config.spec_max_batch,
         kv_capacity=config.kv_capacity,
         kv_dtype=config.kv_dtype,
         vram_headroom_mib=config.vram_headroom_mib,

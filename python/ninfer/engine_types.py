@@ -139,6 +139,8 @@ class EngineConfig:
     ngram_min_match: int = 12  # --ngram-min-match
     # --lm-head-draft: MTP drafts score token ids below this only; 0 = the full lm_head
     lm_head_draft_tokens: int = 0
+    # --spec-max-batch: no drafting while a step decodes more rows; 0 = no limit, -1 = auto
+    spec_max_batch: int = -1
     device: str = "cpu"
     kv_capacity: int = 0  # shared KV pool in tokens; 0 = auto (free memory less the headroom)
     kv_dtype: str = "bf16"  # --kv-dtype: bf16, fp8, int8 or nvfp4

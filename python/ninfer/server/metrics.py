@@ -316,6 +316,12 @@ class _EngineCollector:
             "Engine worker wall time blocked in backend forwards (not device kernel time)",
             _seconds_since(stats, self._baseline, "device_wait_seconds"),
         )
+        yield _counter(
+            "ninfer_constraint_draft_wait_seconds",
+            "Device wait for speculative drafts in batches with a constrained request, whose "
+            "masks wait on them; once per batch, part of ninfer_device_wait_seconds",
+            _seconds_since(stats, self._baseline, "constraint_draft_wait_seconds"),
+        )
 
     def _since_start(self, stats: Mapping[str, Any], key: str) -> int:
         return max(0, int(stats.get(key, 0)) - int(self._baseline.get(key, 0)))

@@ -18,6 +18,9 @@ DEFAULT_MTP_DRAFTS = 3
 # The proposal head's default size: the lowest 32,768 token ids (docs/engine.md says why the
 # lowest ids), an eighth of Qwen3.5's 248,320-row lm_head.
 DEFAULT_LM_HEAD_DRAFT_TOKENS = 32768
+# --spec-max-batch auto on MoE artifacts: on Qwen3.6-35B-A3B a round paid ~1.5-1.75x at batch 1
+# and ~1.0-1.2x at batch 4 and 8 (bench/RESULTS.md, 2026-12-02); the engine resolves auto.
+MOE_SPEC_MAX_BATCH = 3
 
 
 def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +73,28 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
         help="matched tokens an n-gram proposal needs, "
         f"{NGRAM_MIN_MATCH[0]}..{NGRAM_MIN_MATCH[1]} (default: 12)",
     )
+    group.add_argument(
+        "--spec-max-batch",
+        type=_batch_limit,
+        default=-1,
+        metavar="N|auto",
+        help="draft only while a step decodes at most N rows; above it rows decode one token a "
+        "step (output unchanged), and drafting resumes when the batch shrinks; 0 = no limit. "
+        f"auto: {MOE_SPEC_MAX_BATCH} on MoE models, whose verification rounds read many more "
+        "experts than a plain step, no limit on dense ones (default: auto)",
+    )
+
+
+def _batch_limit(text: str) -> int:
+    if text == "auto":
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a row count, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be auto, 0 or a positive row count, got {value}")
+    return value
 
 
 def check_speculative_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -115,6 +140,7 @@ def speculative_engine_fields(args: argparse.Namespace) -> dict[str, int]:
         "mtp_draft_tokens": args.draft_tokens if args.spec == "mtp" else 0,
         "ngram_draft_tokens": args.ngram_draft_tokens,
         "ngram_min_match": args.ngram_min_match,
+        "spec_max_batch": args.spec_max_batch,
         "lm_head_draft_tokens": (args.lm_head_draft_tokens or DEFAULT_LM_HEAD_DRAFT_TOKENS)
         if args.lm_head_draft
         else 0,
