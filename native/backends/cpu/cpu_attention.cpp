@@ -2,8 +2,9 @@
 //
 // Each query row keeps an online-softmax state (running max, running sum, weighted value
 // sum) and folds in one 64-token page at a time, so no score matrix is ever materialized.
-// When a step has fewer (sequence, kv head, row block) tasks than threads (decode of long
-// sequences), each task's pages are split into ranges whose partial states are merged after.
+// Each row's pages are folded in fixed ranges of kPagesPerRange pages whose partial states are
+// merged after; when a step has few (sequence, kv head, row block) tasks (decode of long
+// sequences), the ranges run as tasks of their own.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +23,12 @@ namespace ninfer::cpu {
 namespace {
 
 constexpr int64_t kQueryRowsPerTask = 16;
+// Pages per range of a row's keys: fixed, so a query row is folded over the same ranges and
+// merged in the same order whatever else its step holds (a decode step, a prefill chunk, a
+// speculative verification slice) and however many threads run it. Decode steps then give
+// the logits of a prefill of the same tokens bit for bit, and speculative decoding the output
+// of plain greedy decoding.
+constexpr int64_t kPagesPerRange = 8;
 
 void check_slice(const AttentionSlice& s, const KvPool& kv) {
   const int64_t end = static_cast<int64_t>(s.start_pos) + s.num_tokens;
@@ -172,6 +179,31 @@ void store(const AttentionContext& c, const AttentionSlice& s, const AttentionWo
     }
 }
 
+// Merges the partial states of `parts` page ranges (range p's at acc + p * stride_q * hd and
+// state + p * stride_q) into range 0's slots, in range order. With one range it changes nothing
+// (every weight is exp(0) = 1).
+void merge_ranges(const AttentionContext& c, int64_t nq, int64_t parts, int64_t stride_q, float* acc,
+                  OnlineSoftmax* state) {
+  const int64_t hd = c.head_dim;
+  for (int64_t i = 0; i < nq; ++i) {
+    float merged_max = state[i].max;
+    for (int64_t part = 1; part < parts; ++part) merged_max = std::max(merged_max, state[part * stride_q + i].max);
+    float sum = 0.0f;
+    for (int64_t part = 0; part < parts; ++part) {
+      const OnlineSoftmax& st = state[part * stride_q + i];
+      if (st.sum == 0.0f) continue;  // the range held no visible keys for this query
+      const float weight = std::exp(st.max - merged_max);
+      sum += st.sum * weight;
+      float* part_acc = acc + (part * stride_q + i) * hd;
+      if (part == 0)
+        c.kernels.scale(part_acc, weight, hd);
+      else
+        c.kernels.scale_add(acc + i * hd, part_acc, weight, hd);
+    }
+    state[i].sum = sum;
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span<const AttentionSlice> slices,
@@ -186,71 +218,67 @@ void CpuBackend::attention(KvPool& kv, int64_t layer, const float* q, std::span<
   // Blocks of query rows; all query heads of a kv head and all rows of a block meet each page
   // together, so scores are one small GEMM against the page's keys and the value update another.
   std::vector<AttentionWork> blocks;
-  int64_t max_pages = 0;
   for (size_t si = 0; si < slices.size(); ++si) {
     const AttentionSlice& s = slices[si];
     for (int64_t r0 = 0; r0 < s.num_tokens; r0 += kQueryRowsPerTask) {
       const int64_t rows = std::min<int64_t>(kQueryRowsPerTask, s.num_tokens - r0);
       const int64_t pages = (static_cast<int64_t>(s.start_pos) + r0 + rows - 1) / kPageTokens + 1;
-      max_pages = std::max(max_pages, pages);
       for (int64_t h = 0; h < nkv; ++h) blocks.push_back({si, h, r0, rows, 0, pages});
     }
   }
   const auto block_count = static_cast<int64_t>(blocks.size());
-  const int64_t splits =
-      std::clamp<int64_t>((2 * pool_.size() + block_count - 1) / std::max<int64_t>(block_count, 1), 1,
-                          std::max<int64_t>(max_pages, 1));
-  if (splits == 1) {
+  const int64_t max_q = kQueryRowsPerTask * ctx.group;
+  const auto parts_of = [](const AttentionWork& w) {
+    return std::max<int64_t>((w.page_end + kPagesPerRange - 1) / kPagesPerRange, 1);
+  };
+  const auto range_of = [](const AttentionWork& w, int64_t part) {
+    AttentionWork piece = w;
+    piece.page_begin = std::min(w.page_end, part * kPagesPerRange);
+    piece.page_end = std::min(w.page_end, (part + 1) * kPagesPerRange);
+    return piece;
+  };
+  if (block_count >= 2 * static_cast<int64_t>(pool_.size())) {
+    // Enough blocks to keep every thread busy: each task folds its block's ranges in turn.
     pool_.parallel_for(block_count, [&](int64_t b) {
       const AttentionWork& w = blocks[static_cast<size_t>(b)];
+      const int64_t parts = parts_of(w);
       thread_local std::vector<float> acc;
       thread_local std::vector<OnlineSoftmax> state;
-      acc.resize(static_cast<size_t>(w.rows * ctx.group * hd));
-      state.resize(static_cast<size_t>(w.rows * ctx.group));
-      attend(ctx, slices[w.slice], w, acc.data(), state.data());
+      acc.resize(static_cast<size_t>(parts * max_q * hd));
+      state.resize(static_cast<size_t>(parts * max_q));
+      for (int64_t part = 0; part < parts; ++part)
+        attend(ctx, slices[w.slice], range_of(w, part), acc.data() + part * max_q * hd, state.data() + part * max_q);
+      merge_ranges(ctx, w.rows * ctx.group, parts, max_q, acc.data(), state.data());
       store(ctx, slices[w.slice], w, acc.data(), state.data(), out);
     });
     return;
   }
 
-  // Split every block's pages into `splits` ranges; partial states land in per-range slots.
-  const int64_t max_q = kQueryRowsPerTask * ctx.group;
-  partial_acc_.resize(static_cast<size_t>(block_count * splits * max_q * hd));
-  partial_state_.resize(static_cast<size_t>(block_count * splits * max_q));
-  const auto range_of = [&](const AttentionWork& w, int64_t part) {
-    const int64_t per = (w.page_end + splits - 1) / splits;
-    AttentionWork piece = w;
-    piece.page_begin = std::min(w.page_end, part * per);
-    piece.page_end = std::min(w.page_end, (part + 1) * per);
-    return piece;
-  };
-  pool_.parallel_for(block_count * splits, [&](int64_t task) {
-    const AttentionWork piece = range_of(blocks[static_cast<size_t>(task / splits)], task % splits);
+  // Few blocks (decode of long sequences): every (block, range) pair is a task of its own;
+  // partial states land in per-range slots and are merged per block after.
+  std::vector<int64_t> first_part(static_cast<size_t>(block_count) + 1, 0);
+  for (int64_t b = 0; b < block_count; ++b)
+    first_part[static_cast<size_t>(b) + 1] =
+        first_part[static_cast<size_t>(b)] + parts_of(blocks[static_cast<size_t>(b)]);
+  const int64_t total_parts = first_part.back();
+  partial_acc_.resize(static_cast<size_t>(total_parts * max_q * hd));
+  partial_state_.resize(static_cast<size_t>(total_parts * max_q));
+  std::vector<int64_t> block_of(static_cast<size_t>(total_parts));
+  for (int64_t b = 0; b < block_count; ++b)
+    for (int64_t t = first_part[static_cast<size_t>(b)]; t < first_part[static_cast<size_t>(b) + 1]; ++t)
+      block_of[static_cast<size_t>(t)] = b;
+  pool_.parallel_for(total_parts, [&](int64_t task) {
+    const int64_t b = block_of[static_cast<size_t>(task)];
+    const AttentionWork piece = range_of(blocks[static_cast<size_t>(b)], task - first_part[static_cast<size_t>(b)]);
     attend(ctx, slices[piece.slice], piece, partial_acc_.data() + task * max_q * hd,
            partial_state_.data() + task * max_q);  // an empty range leaves max = -inf, sum = 0
   });
   pool_.parallel_for(block_count, [&](int64_t b) {
     const AttentionWork& w = blocks[static_cast<size_t>(b)];
-    const int64_t nq = w.rows * ctx.group;
-    float* acc = partial_acc_.data() + b * splits * max_q * hd;  // merged into range 0's slot
-    OnlineSoftmax* state = partial_state_.data() + b * splits * max_q;
-    for (int64_t i = 0; i < nq; ++i) {
-      float merged_max = state[i].max;
-      for (int64_t part = 1; part < splits; ++part) merged_max = std::max(merged_max, state[part * max_q + i].max);
-      float sum = 0.0f;
-      for (int64_t part = 0; part < splits; ++part) {
-        const OnlineSoftmax& st = state[part * max_q + i];
-        if (st.sum == 0.0f) continue;  // the range held no visible keys for this query
-        const float weight = std::exp(st.max - merged_max);
-        sum += st.sum * weight;
-        float* part_acc = acc + (part * max_q + i) * hd;
-        if (part == 0)
-          ctx.kernels.scale(part_acc, weight, hd);
-        else
-          ctx.kernels.scale_add(acc + i * hd, part_acc, weight, hd);
-      }
-      state[i].sum = sum;
-    }
+    const int64_t first = first_part[static_cast<size_t>(b)];
+    float* acc = partial_acc_.data() + first * max_q * hd;  // merged into the first range's slot
+    OnlineSoftmax* state = partial_state_.data() + first * max_q;
+    merge_ranges(ctx, w.rows * ctx.group, first_part[static_cast<size_t>(b) + 1] - first, max_q, acc, state);
     store(ctx, slices[w.slice], w, acc, state, out);
   });
 }
