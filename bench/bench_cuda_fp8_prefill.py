@@ -142,7 +142,11 @@ def run_shape(name: str, dtype: str, rates: dict) -> list[dict]:
         ],
         "nvfp4": [
             ("nvfp4 (bf16 path)", {"NINFER_NVFP4_PREFILL": "bf16"}, "bf16"),
-            ("nvfp4 (via FP8 GEMM)", {"NINFER_FP8_GEMM": "1", "NINFER_NVFP4_PREFILL": "fp8"}, "fp8"),
+            (
+                "nvfp4 (via FP8 GEMM)",
+                {"NINFER_FP8_GEMM": "1", "NINFER_NVFP4_PREFILL": "fp8"},
+                "fp8",
+            ),
         ],
     }[dtype]
     out = []

@@ -167,20 +167,25 @@ def test_chat_completions_aggregate_and_streamed(deployment):
 
 def test_responses_aggregate_and_streamed(deployment):
     client = _openai(deployment)
-    reply = client.responses.create(model=MODEL, input="hello", max_output_tokens=3)
+    reply = client.responses.create(model=MODEL, input="hello", max_output_tokens=3, temperature=0)
     assert reply.status == "incomplete" and reply.usage.output_tokens == 3
-    events = [e.type for e in client.responses.create(
-        model=MODEL, input="hello", max_output_tokens=3, stream=True
-    )]  # fmt: skip
+    # greedy: a sampled end of turn within 3 tokens would end the stream "completed"
+    stream = client.responses.create(
+        model=MODEL, input="hello", max_output_tokens=3, stream=True, temperature=0
+    )
+    events = [e.type for e in stream]
     assert events[0] == "response.created" and events[-1] == "response.incomplete"
 
 
 def test_messages_aggregate_and_streamed(deployment):
     client = anthropic.Anthropic(base_url=deployment.router_url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "hello"}]
-    reply = client.messages.create(model=MODEL, messages=messages, max_tokens=3)
+    greedy = {"temperature": 0}  # sampled, an end of turn within 3 tokens is possible
+    reply = client.messages.create(model=MODEL, messages=messages, max_tokens=3, extra_body=greedy)
     assert reply.stop_reason == "max_tokens" and reply.usage.output_tokens == 3
-    with client.messages.stream(model=MODEL, messages=messages, max_tokens=3) as stream:
+    with client.messages.stream(
+        model=MODEL, messages=messages, max_tokens=3, extra_body=greedy
+    ) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "max_tokens"
 
