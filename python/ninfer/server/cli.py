@@ -24,6 +24,7 @@ from ninfer.server.options import parse_args, process_sampling
 from ninfer.server.request_log import RequestLog, RequestLogError
 from ninfer.server.server_start import server_start_record
 from ninfer.server.speculative_options import speculative_engine_fields
+from ninfer.server.startup_heap import freeze_startup_heap
 from ninfer.server.stats_panel import StatsPanel, panel_wanted
 from ninfer.server.telemetry import Telemetry
 from ninfer.server.throughput import ThroughputReporter
@@ -225,6 +226,8 @@ async def _run(
         wait_fast = getattr(getattr(engine, "tokenizer", None), "wait_fast_encoder", None)
         if wait_fast is not None:
             await asyncio.to_thread(wait_fast, 60)
+        frozen = freeze_startup_heap()
+        log.debug("start-up heap: %d objects frozen out of full collections", frozen)
         if device_exit is not None:
             device_exit.arm_test_hook(engine)
         telemetry = Telemetry(request_log=request_log)
