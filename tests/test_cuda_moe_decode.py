@@ -225,7 +225,8 @@ def _gpu_against_cpu(path, tmp_path, monkeypatch):
     """Prefill and decode of an artifact on the GPU, with graphs and eagerly, against the CPU
     backend: no further from it than the GPU on the artifact's decoded values (bf16 twin);
     graph replays equal eager steps bit for bit."""
-    from test_cuda_quant_gemv import DECODE, f32_twin
+    from artifact_twins import f32_twin
+    from test_cuda_quant_gemv import DECODE
 
     twin = f32_twin(path, tmp_path / "twin.ninfer")
     ids = np.random.default_rng(3).integers(0, 512, size=40).tolist()

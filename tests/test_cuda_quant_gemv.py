@@ -16,6 +16,7 @@ import functools
 import numpy as np
 import pytest
 
+from artifact_twins import f32_twin
 from ninfer import _core
 from ninfer.artifact import bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.artifact.block_quant import (
@@ -249,27 +250,6 @@ CONFIG = {
 
 
 DECODE = [5, 9, 17, 33, 65, 129]  # eager, captured, then replayed decode steps
-
-
-def f32_twin(quantized, path):
-    """An f32 artifact of the quantized artifact's decoded values."""
-    from ninfer.artifact import ArtifactWriter, read_header
-
-    header = read_header(quantized)
-    writer = ArtifactWriter(
-        path,
-        architecture=header.architecture,
-        config=header.config,
-        metadata=header.metadata,
-        tokenizer=header.header["tokenizer"],
-    )
-    for name, entry in header.tensors.items():
-        writer.declare(name, "f32", entry["shape"])
-    writer.add_resource("tokenizer.json", header.resource("tokenizer.json"))
-    writer.begin()
-    for name in header.tensors:
-        writer.write(name, np.ascontiguousarray(header.tensor_f32(name), dtype=np.float32))
-    return writer.close()
 
 
 @pytest.mark.parametrize("mode", ["graphs", "eager", "graphs-nopdl", "eager-nopdl"])

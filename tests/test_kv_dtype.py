@@ -27,15 +27,9 @@ from ninfer.engine_types import EngineConfig
 from ninfer.server.cli import engine_config
 from ninfer.server.options import parse_args
 from ninfer.tokenizer import Tokenizer
+from test_prefix_cache_file import GREEDY, HYBRID
 from toy_engine import run_one
 
-GREEDY = {"temperature": 0.0, "ignore_eos": True, "capture_logits": True}
-HYBRID = dict(
-    architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_size=128,
-    intermediate_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
-    linear_value_head_dim=32, vocab_size=400, mtp_num_hidden_layers=0,
-)  # fmt: skip
 LLAMA = dict(
     architectures=["LlamaForCausalLM"], hidden_size=128, intermediate_size=256,
     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=400,

@@ -20,11 +20,12 @@ pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from ninfer import _core  # noqa: E402
-from ninfer.artifact import ArtifactWriter, read_header  # noqa: E402
+from ninfer.artifact import read_header  # noqa: E402
 from ninfer.convert import convert_source  # noqa: E402
 from ninfer.convert.synthetic_tokenizer import synthetic_tokenizer_json  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from artifact_twins import f32_twin  # noqa: E402
 
 KEPT = ("mlp.gate.weight", "shared_expert_gate.weight", "in_proj_a.weight", "in_proj_b.weight")
 
@@ -100,24 +101,6 @@ def modelopt_mixed_moe_release(folder: Path) -> tuple[Path, dict[str, str]]:
     return folder, formats
 
 
-def decoded_twin(artifact: Path, path: Path) -> Path:
-    header = read_header(artifact)
-    writer = ArtifactWriter(
-        path,
-        architecture=header.architecture,
-        config=header.config,
-        metadata=header.metadata,
-        tokenizer=header.header["tokenizer"],
-    )
-    for name, entry in header.tensors.items():
-        writer.declare(name, "f32", entry["shape"])
-    writer.add_resource("tokenizer.json", header.resource("tokenizer.json"))
-    writer.begin()
-    for name in header.tensors:
-        writer.write(name, np.ascontiguousarray(header.tensor_f32(name), dtype=np.float32))
-    return writer.close()
-
-
 def test_modelopt_mixed_moe_release_keeps_each_format(tmp_path):
     folder, formats = modelopt_mixed_moe_release(tmp_path / "hf")
     artifact = convert_source(folder, tmp_path / "m.ninfer", progress=False)
@@ -126,7 +109,7 @@ def test_modelopt_mixed_moe_release_keeps_each_format(tmp_path):
     assert {"fp8", "nvfp4", "bf16"} <= set(formats.values())
     for name, fmt in formats.items():
         assert header.tensors[name]["dtype"] == fmt, name
-    twin = decoded_twin(artifact, tmp_path / "twin.ninfer")
+    twin = f32_twin(artifact, tmp_path / "twin.ninfer")
     ids = np.random.default_rng(5).integers(0, 512, size=48).tolist()
     runners = [
         _core.ModelRunner(str(p), max_lanes=1, max_batch_tokens=64, threads=2)

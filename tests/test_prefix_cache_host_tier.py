@@ -17,6 +17,7 @@ from ninfer.convert.random import make_random_artifact
 from ninfer.engine import core_options
 from ninfer.engine_types import EngineConfig
 from ninfer.tokenizer import Tokenizer
+from test_prefix_cache_models import _logits
 from toy_engine import VOCAB, make_engine, run_one
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -137,12 +138,6 @@ def _engine(artifact: Path, **config) -> object:
     cfg = EngineConfig(**({"max_context": 512, "threads": 1, "prefill_chunk": 256} | config))
     table = Tokenizer(read_header(artifact).resource("tokenizer.json")).token_bytes()
     return _core.Engine.open(str(artifact), core_options(cfg, []), table, threads=cfg.threads)
-
-
-def _logits(outcome) -> np.ndarray:
-    rows = [e.logits for e in outcome.events if e.token_ids]
-    assert all(r is not None for r in rows)
-    return np.stack(rows)
 
 
 @pytest.fixture(scope="module")

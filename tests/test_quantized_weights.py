@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from artifact_twins import f32_twin  # noqa: E402
 from ninfer import _core  # noqa: E402
 from ninfer.artifact import read_header  # noqa: E402
 from ninfer.artifact.block_quant import (  # noqa: E402
@@ -585,23 +586,7 @@ def test_moe_release_converts_with_stacked_quantized_experts(fmt, tmp_path):
         else:
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=0, err_msg=name)
     assert header.tensors["model.layers.0.mlp.gate.weight"]["dtype"] == "bf16"
-    twin = tmp_path / "twin.ninfer"
-    from ninfer.artifact import ArtifactWriter
-
-    writer = ArtifactWriter(
-        twin,
-        architecture=header.architecture,
-        config=header.config,
-        metadata=header.metadata,
-        tokenizer=header.header["tokenizer"],
-    )
-    for name, entry in header.tensors.items():
-        writer.declare(name, "f32", entry["shape"])
-    writer.add_resource("tokenizer.json", header.resource("tokenizer.json"))
-    writer.begin()
-    for name in header.tensors:
-        writer.write(name, np.ascontiguousarray(header.tensor_f32(name), dtype=np.float32))
-    writer.close()
+    twin = f32_twin(artifact, tmp_path / "twin.ninfer")
     ids = _ids(64)
     a, b = _ours(artifact, ids), _ours(twin, ids)
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * max(np.abs(b).max(), 1.0))
