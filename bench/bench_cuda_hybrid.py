@@ -44,6 +44,24 @@ from run_info import describe, run_info  # noqa: E402
 SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
 
 
+def prefill_lanes(
+    runner, tokens: list[int], context: int, lanes: int, filled: int | None = None
+) -> None:
+    """Resets lanes [0, lanes) and gives the first `filled` (default: all) `context` tokens of
+    real state, two lanes a traversal; odd lanes start one token later so their contents
+    differ."""
+    filled = lanes if filled is None else filled
+    for lane in range(lanes):
+        runner.reset(lane)
+    for lane in range(0, filled, 2):
+        runner.forward_batch(
+            [
+                (ln, 0, tokens[ln % 2 : context + ln % 2])
+                for ln in range(lane, min(lane + 2, filled))
+            ]
+        )
+
+
 def shape_counts(cfg: dict, batch: int = 1) -> dict[str, float]:
     """Parameters read per decode step (MoE: the expected distinct experts of `batch` tokens
     under uniform routing) and active per token, state and KV bytes."""
@@ -187,15 +205,7 @@ def run_shape(
 
     rows = []
     for context in contexts:
-        for lane in range(lanes):
-            runner.reset(lane)
-        for lane in range(0, lanes, 2):  # every lane holds `context` tokens of real state
-            runner.forward_batch(
-                [
-                    (ln, 0, tokens[ln % 2 : context + ln % 2])
-                    for ln in range(lane, min(lane + 2, lanes))
-                ]
-            )
+        prefill_lanes(runner, tokens, context, lanes)
         position = [context] * lanes
         for batch in batches:
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
 
 from bench_cuda import ceilings, kernel_breakdown  # noqa: E402
-from bench_cuda_hybrid import SAMPLING, prefill_flops, shape_counts  # noqa: E402
+from bench_cuda_hybrid import SAMPLING, prefill_flops, prefill_lanes, shape_counts  # noqa: E402
 
 SHAPE = "qwen3.6-35b-a3b"
 
@@ -120,15 +120,7 @@ def run_format(cfg, dtype, bw, rate, steps, contexts, batches) -> dict:
     rows = []
     position = [0] * lanes
     for context in contexts:
-        for lane in range(lanes):
-            runner.reset(lane)
-        for lane in range(0, lanes, 2):
-            runner.forward_batch(
-                [
-                    (ln, 0, tokens[ln % 2 : context + ln % 2])
-                    for ln in range(lane, min(lane + 2, lanes))
-                ]
-            )
+        prefill_lanes(runner, tokens, context, lanes)
         position = [context] * lanes
         for batch in batches:
             sec = decode_rate(runner, tokens, position, batch, steps)

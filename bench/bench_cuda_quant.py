@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
 
 from bench_cuda import ceilings, kernel_breakdown  # noqa: E402
-from bench_cuda_hybrid import SAMPLING, prefill_flops, shape_counts  # noqa: E402
+from bench_cuda_hybrid import SAMPLING, prefill_flops, prefill_lanes, shape_counts  # noqa: E402
 
 # (name, rows of each weight of one launch, k) of a 27B decode step
 GEMV_SHAPES_27B = [
@@ -184,16 +184,7 @@ def run_model(
 
     rows = []
     for context, batches in plan:
-        used = max(batches)
-        for lane in range(lanes):
-            runner.reset(lane)
-        for lane in range(0, used, 2):
-            runner.forward_batch(
-                [
-                    (ln, 0, tokens[ln % 2 : context + ln % 2])
-                    for ln in range(lane, min(lane + 2, used))
-                ]
-            )
+        prefill_lanes(runner, tokens, context, lanes, filled=max(batches))
         position = [context] * lanes
         for batch in batches:
 
