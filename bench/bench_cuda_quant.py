@@ -68,7 +68,8 @@ def step_weight_bytes(cfg: dict, dtype: str) -> float:
 
 # Launcher variants timed per shape and m (launchers_quant.h): the register-loading general
 # kernel, the staged fp16 kernel, the ring kernel (8/16/32-row tiles, x per warp or staged in
-# shared memory) and the launcher's own choice.
+# shared memory), the sector-shaped kernel (rows per tile, warps, units in flight) and the
+# launcher's own choice.
 GEMV_FORMS = [
     ("general", 4),
     ("staged", 12),
@@ -78,6 +79,12 @@ GEMV_FORMS = [
     ("ring16-x", 19),
     ("ring32", 20),
     ("ring32-x", 21),
+    ("sectors-r16w4u2", 24),
+    ("sectors-r16w4u4", 25),
+    ("sectors-r32w4u2", 26),
+    ("sectors-r8w4u4", 27),
+    ("sectors-r16w8u2", 28),
+    ("sectors-r8w8u4", 29),
     ("auto", 0),
 ]
 

@@ -32,6 +32,8 @@ pytestmark = [
 ]
 
 RING_VARIANTS = (16, 17, 18, 19, 20, 21)
+# the sector-shaped kernel (kernels_gemv_quant_sectors.cuh), one variant per tile shape
+SECTOR_VARIANTS = (24, 25, 26, 27, 28, 29)
 QUANTIZE = {"fp8": quantize_fp8, "nvfp4": quantize_nvfp4}
 DEQUANTIZE = {"fp8": dequantize_fp8, "nvfp4": dequantize_nvfp4}
 
@@ -101,8 +103,8 @@ def run_case(kernels, dtype, m, k, shapes, *, accumulate=False, variant=0, slice
 @pytest.mark.parametrize("k", [5120, 17408, 2048, 96])
 # 4, 8: the general kernel with software pipelining off, on; 0: the launcher's choice; 13:
 # the staged kernel with 16-row tiles; 16-21: the ring kernel (8-, 16-, 32-row tiles; x
-# converted per warp, or staged in shared memory)
-@pytest.mark.parametrize("variant", [0, 4, 8, 13, *RING_VARIANTS])
+# converted per warp, or staged in shared memory); 24-29: the sector-shaped kernel
+@pytest.mark.parametrize("variant", [0, 4, 8, 13, *RING_VARIANTS, *SECTOR_VARIANTS])
 def test_gemv_matches_float64(kernels, dtype, m, k, variant):
     if dtype == "nvfp4" and k % 32:
         k = 128
@@ -122,6 +124,8 @@ def variant_applies(variant, dtype, m, k):
     227 KB of shared memory a Hopper block may opt into."""
     if variant in (12, 13):
         return staged_fits(m, k)
+    if variant in SECTOR_VARIANTS:
+        return k % 128 == 0
     if variant in RING_VARIANTS:
         if dtype == "nvfp4" and k % 256:
             return False
@@ -140,7 +144,7 @@ def ring_stages_x(dtype, rt, m, k):
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("variant", [12, 13, 16, 17, 19, 20])
+@pytest.mark.parametrize("variant", [12, 13, 16, 17, 19, 20, 24, 28])
 def test_staged_kernel_with_large_activations_and_several_jobs(kernels, dtype, variant):
     # |x| beyond f16's range (65504) before the kernel's 2^-8, and tiny values that land on
     # f16's subnormal grid after it
@@ -166,7 +170,9 @@ def test_staged_kernel_with_large_activations_and_several_jobs(kernels, dtype, v
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("variant", [1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13, *RING_VARIANTS])
+@pytest.mark.parametrize(
+    "variant", [1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13, *RING_VARIANTS, *SECTOR_VARIANTS]
+)
 def test_tile_variants_and_several_jobs(kernels, dtype, variant):
     run_case(kernels, dtype, 3, 5120, [(1, 384), (1, 37), (1, 1), (1, 130)], variant=variant)
     m = 8 if variant in (12, 13) else 12  # the staged kernel takes m <= 8
@@ -179,7 +185,7 @@ def test_expert_rows_of_a_stack(kernels, dtype):
     # slice that starts inside an expert and crosses into the next
     run_case(kernels, dtype, 4, 512, [(4, 96), (4, 96)], slices=[(192, 96), (150, 90)])
     run_case(kernels, dtype, 4, 512, [(4, 96), (4, 96)], slices=[(192, 96), (150, 90)], variant=12)
-    for variant in (17, 18):
+    for variant in (17, 18, *SECTOR_VARIANTS):
         run_case(
             kernels,
             dtype,

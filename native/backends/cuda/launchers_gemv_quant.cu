@@ -12,6 +12,7 @@
 #include "backends/cuda/kernels_gemv_quant_staged.cuh"
 #include "backends/cuda/kernels_gemv_quant_ring.cuh"
 #include "backends/cuda/launch_overlapped.h"
+#include "backends/cuda/launchers_gemv_quant_sectors.h"
 #include "backends/cuda/launchers_quant.h"
 #include "common/dtype.h"
 
@@ -163,6 +164,19 @@ int default_ring_variant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, int
   return kRingFirstVariant + 2 * rt + (ring_stages_x(nvfp4, rt, m, k) ? 1 : 0);
 }
 
+bool is_sectors_variant(int v) {
+  return v >= kGemvQuantSectorsFirstVariant && v < kGemvQuantSectorsFirstVariant + kGemvQuantSectorsShapes;
+}
+
+bool known_variant(int v) {
+  return (v >= 0 && v < kRingFirstVariant + kRingVariants && v != 14 && v != 15) || is_sectors_variant(v);
+}
+
+// Variant 0's choice where no measured or forced variant applies: DEFAULT_RULE
+int default_variant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, int m, int k, int64_t rows16) {
+  return default_ring_variant(nvfp4, jobs, num_jobs, m, k, rows16);
+}
+
 // The fastest variant per 27B decode shape (format, m, k, rows of the launch), measured by
 // bench/bench_cuda_quant.py on the H200 (bench/RESULTS.md, 2026-12-02); other shapes take
 // default_ring_variant's rule.
@@ -250,7 +264,7 @@ unsigned int grid_for(int64_t n) {
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
                                int k, bool accumulate, bool overlap, cudaStream_t stream) {
   if (num_jobs < 1 || num_jobs > kQuantGemvMaxJobs || m < 1 || m > 16 || k % (nvfp4 ? 32 : 16) != 0 ||
-      variant < 0 || variant >= kRingFirstVariant + kRingVariants || variant == 14 || variant == 15)
+      !known_variant(variant))
     throw std::invalid_argument("launch_gemv_quant: unsupported jobs/m/k");
   kernels::QuantGemvTable table{};
   table.num_jobs = num_jobs;
@@ -266,7 +280,8 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
     for (int j = 0; j < num_jobs; ++j) rows += jobs[j].rows;
     // Whether variant v takes this launch (the checks below, which throw for a forced one).
     auto applies = [&](int v) {
-      if (v <= 0 || v >= kRingFirstVariant + kRingVariants || v == 14 || v == 15) return false;
+      if (v <= 0 || !known_variant(v)) return false;
+      if (is_sectors_variant(v)) return gemv_quant_sectors_fit(jobs, num_jobs, k);
       if (v == 12 || v == 13) return staged_fits(m, k);
       if (v < kRingFirstVariant) return true;
       return ring_fits(nvfp4, jobs, num_jobs, k) &&
@@ -275,8 +290,19 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
     const int forced = forced_variant(nvfp4, m, k, rows), measured = measured_variant(nvfp4, m, k, rows);
     variant = applies(forced)     ? forced
               : applies(measured) ? measured
-                                  : default_ring_variant(nvfp4, jobs, num_jobs, m, k, rows16);
+                                  : default_variant(nvfp4, jobs, num_jobs, m, k, rows16);
     if (variant < 0) variant = 0;
+  }
+  if (is_sectors_variant(variant)) {
+    if (!gemv_quant_sectors_fit(jobs, num_jobs, k))
+      throw std::invalid_argument("launch_gemv_quant: the sector kernel takes k % 128 == 0 and 16-byte aligned codes");
+    const int shape = variant - kGemvQuantSectorsFirstVariant, tile_rows = gemv_quant_sectors_tile_rows(shape);
+    table.first_tile[0] = 0;
+    for (int j = 0; j < num_jobs; ++j)
+      table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + tile_rows - 1) / tile_rows;
+    launch_gemv_quant_sectors(shape, nvfp4, table, x, m, k, overlap, stream);
+    NINFER_CUDA_CHECK_LAUNCH();
+    return;
   }
   if (variant >= kRingFirstVariant) {
     const int v = variant - kRingFirstVariant, rt = v / 2;
