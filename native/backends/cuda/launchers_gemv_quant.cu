@@ -172,8 +172,11 @@ bool known_variant(int v) {
   return (v >= 0 && v < kRingFirstVariant + kRingVariants && v != 14 && v != 15) || is_sectors_variant(v);
 }
 
-// Variant 0's choice where no measured or forced variant applies: DEFAULT_RULE
+// Variant 0's choice where no measured or forced variant applies: the sector kernel where it
+// takes the weights (it timed fastest at almost every 27B shape and m, H200 2026-12-02: 16-row
+// tiles up to m = 8, 32-row tiles above, where x is reused over more rows), else the older rule.
 int default_variant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, int m, int k, int64_t rows16) {
+  if (gemv_quant_sectors_fit(jobs, num_jobs, k)) return kGemvQuantSectorsFirstVariant + (m > 8 ? 2 : 0);
   return default_ring_variant(nvfp4, jobs, num_jobs, m, k, rows16);
 }
 
