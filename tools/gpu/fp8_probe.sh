@@ -27,19 +27,19 @@ source "$out/chosen.env" || echo "== no layout passed: the tests below run the d
 env | grep -E "^NINFER_FP8" || true
 
 echo "== tests ($(left) s left)"
-timeout 75 "$py" -m pytest -m gpu tests/test_cuda_fp8_gemm.py tests/test_cuda_moe_decode.py \
+timeout 60 "$py" -m pytest -m gpu tests/test_cuda_fp8_gemm.py tests/test_cuda_moe_decode.py \
   tests/test_cuda_quant_gemv.py -q -rs -s -p no:cacheprovider -o addopts="" \
   -k "test_cuda_fp8_gemm or quantized_moe_hybrid or modelopt_mixed or (quantized_model and eager)" 2>&1 |
   tee "$out/tests.log" | grep -E "rms|nvfp4 via|passed|failed|Error|assert|^E " | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== benchmark ($(left) s left)"
-budget=$(( $(left) - 45 ))
-timeout $(( $(left) > 30 ? $(left) - 25 : 5 )) "$py" bench/bench_cuda_fp8_prefill.py --out "$out" \
+budget=$(( $(left) - 30 ))
+timeout $(( $(left) > 10 ? $(left) - 5 : 5 )) "$py" bench/bench_cuda_fp8_prefill.py --out "$out" \
   --shapes qwen3.6-27b --budget-s "$(( budget > 0 ? budget : 0 ))" 2>&1 | tee "$out/bench.log" | tail -30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-if [ "$(left)" -gt 20 ]; then
+if [ "$(left)" -gt 25 ]; then
   echo "== profile ($(left) s left)"
   timeout $(( $(left) - 3 )) "$py" tools/gpu/prefill_profile.py --out "$out" 2>&1 | tee "$out/profile.log" | tail -40
 fi
