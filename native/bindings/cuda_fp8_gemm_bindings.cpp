@@ -107,15 +107,13 @@ class CudaFp8Gemm {
       NINFER_CUDA_CHECK(cudaMemcpyAsync(tail.data(), gemm_->tail_activation_scales(), tail.size() * 4,
                                         cudaMemcpyDeviceToHost, stream_));
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    // Both back to [m, groups]: the main scales (token-major unless NINFER_FP8_SCALE_LAYOUT
-    // says x=group), the last 16 rows' own.
-    const bool group_major = cuda::fp8_scale_layout(1, groups).x_group_major;
+    // Both layouts back to [m, groups]: the token-major main scales, the last 16 rows' own.
     py::array_t<float> scales({m, groups});
     auto s = scales.mutable_unchecked<2>();
     for (int64_t r = 0; r < m; ++r)
       for (int64_t g = 0; g < groups; ++g)
-        s(r, g) = r < main ? main_scales[static_cast<size_t>(group_major ? r * groups + g : g * main + r)]
-                           : tail[static_cast<size_t>(group_major ? (r - (m - 16)) * groups + g : g * 16 + r - (m - 16))];
+        s(r, g) = r < main ? main_scales[static_cast<size_t>(g * main + r)]
+                           : tail[static_cast<size_t>(g * 16 + r - (m - 16))];
     return py::make_tuple(codes, scales);
   }
 
@@ -226,19 +224,15 @@ class CudaFp8Gemm {
     Buffer wd(blob.nbytes());
     NINFER_CUDA_CHECK(cudaMemcpyAsync(wd.as<void>(), blob.data(), blob.nbytes(), cudaMemcpyHostToDevice, stream_));
     const auto [codes_d, scales_d] = gemm_->requantize(quantized_weight_at(DType::NVFP4, rows, k, rows, wd.as<void>()));
-    const int64_t nb = (rows + 127) / 128, cb = k / 128;
-    const cuda::Fp8ScaleLayout l = cuda::fp8_scale_layout(nb, cb);
+    const int64_t nb = (rows + 127) / 128, cb = k / 128, ld = (cb + 3) / 4 * 4;
     py::array_t<uint8_t> codes({rows, k});
     py::array_t<float> scales({nb, cb});
-    std::vector<float> stored(static_cast<size_t>(l.w_floats));
     NINFER_CUDA_CHECK(cudaMemcpyAsync(codes.mutable_data(), codes_d, static_cast<size_t>(rows * k),
                                       cudaMemcpyDeviceToHost, stream_));
-    NINFER_CUDA_CHECK(
-        cudaMemcpyAsync(stored.data(), scales_d, stored.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    NINFER_CUDA_CHECK(cudaMemcpy2DAsync(scales.mutable_data(), static_cast<size_t>(cb) * 4, scales_d,
+                                        static_cast<size_t>(ld) * 4, static_cast<size_t>(cb) * 4,
+                                        static_cast<size_t>(nb), cudaMemcpyDeviceToHost, stream_));
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    auto s = scales.mutable_unchecked<2>();
-    for (int64_t p = 0; p < nb; ++p)
-      for (int64_t b = 0; b < cb; ++b) s(p, b) = stored[static_cast<size_t>(p * l.w_row_block + b * l.w_col_block)];
     return py::make_tuple(codes, scales);
   }
 

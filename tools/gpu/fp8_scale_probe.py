@@ -1,17 +1,18 @@
-"""Where cuBLASLt's block-scaled FP8 GEMM reads its scales, and how close the FP8 prefill GEMM
-comes to float64 under each scale layout it can write (GPU machine).
+"""Where cuBLASLt's block-scaled FP8 GEMM reads its scales, and how close it and the FP8 prefill
+GEMM come to float64 (GPU machine; a check to rerun on a new cuBLAS).
 
 1. Scale map (cuBLASLt itself, through CudaFp8Gemm.raw_gemm): x codes all 1.0, w codes 2^b in
    128-column block b, all scales 1 except one buffer entry set to 2: the rows (x) or 128-row
    blocks (w) whose output moves, and by how much (128 · 2^b), say which (row, k block) that
    entry scales. Compared with the documented layouts (x token-major [k/128, m], w
-   [ceil(n/128), round_up(k/128, 4)]) and the alternatives the GEMM can be told to write.
+   [ceil(n/128), round_up(k/128, 4)], what the GEMM writes) and some alternatives.
 2. Accuracy of cuBLASLt on the documented layout (random codes, uneven scales) against float64,
    both operand pairings, f32 and bf16 output.
-3. The prefill GEMM (quantizer + plans + cuBLASLt) under each NINFER_FP8_SCALE_LAYOUT /
-   pairing / output choice on the shapes of tests/test_cuda_fp8_gemm.py, with the error pattern
-   by (token, 128-row block) when it misses; the first configuration that passes every shape is
-   written to OUT/chosen.env (shell `export` lines).
+3. The prefill GEMM (quantizer + plans + cuBLASLt) on the shapes of tests/test_cuda_fp8_gemm.py,
+   with the error pattern by (token, 128-row block of the weight) where it misses.
+
+On the H200 (cuBLAS 13.1, 2026-12-02) cuBLASLt read exactly the documented layouts and the GEMM
+stayed within 0.04-0.19 of the tests' bound; results land in OUT/probe.json.
 
 usage: python tools/gpu/fp8_scale_probe.py OUT_DIR
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -173,11 +173,8 @@ SHAPES = [
 ]
 
 
-def path_accuracy(config: dict) -> tuple[bool, list[dict]]:
-    for key in ("NINFER_FP8_SCALE_LAYOUT", "NINFER_FP8_GEMM_PAIRING", "NINFER_FP8_GEMM_OUT"):
-        os.environ.pop(key, None)
-    os.environ.update(config)
-    g = _core.CudaFp8Gemm(0)  # fresh plans for this configuration
+def path_accuracy() -> tuple[bool, list[dict]]:
+    g = _core.CudaFp8Gemm(0)
     ok, rows = True, []
     for m, n, k in SHAPES:
         rng = np.random.default_rng([m, n, k])
@@ -231,53 +228,35 @@ def main() -> int:
     for r in result["raw_accuracy"]:
         print("raw", r, flush=True)
     del g
-    configs = [{}]
-    for sm in result["scale_map"].values():  # layouts the probe found, first
-        xf = sm.get("x_layout_fits", [])
-        x = "x=group" if any("group" in f for f in xf) else "x=token"
-        x = next((f"x={f.split()[0]}" for f in xf if f.startswith("token1")), x)
-        for f in sm.get("w_layout_fits", []):
-            configs.append({"NINFER_FP8_SCALE_LAYOUT": f"{x},w={f.split()[0]}"})
-    xs = ("token", "group", "token16", "token128")
-    for x, w in itertools.product(xs, ("kmajor", "kmajor1", "mmajor", "mmajor4")):
-        configs.append({"NINFER_FP8_SCALE_LAYOUT": f"x={x},w={w}"})
-    configs += [{"NINFER_FP8_GEMM_PAIRING": "x_first"}, {"NINFER_FP8_GEMM_OUT": "bf16"}]
-    seen, chosen = set(), None
-    result["paths"] = []
-    for c in configs:
-        key = json.dumps(c, sort_keys=True)
-        if key in seen:
-            continue
-        seen.add(key)
-        ok, rows = path_accuracy(c)
-        result["paths"].append({"config": c, "ok": ok, "rows": rows})
-        print(
-            "path",
-            c,
-            "ok" if ok else "MISSES",
-            [(r["shape"], round(r.get("worst/bound", -1), 3)) for r in rows],
-        )
-        for r in rows:
-            if "pattern_rows_by_wblock" in r and c == {}:
-                print(
-                    "  pattern",
-                    r["shape"],
-                    r["pattern_rows_by_wblock"][:8],
-                    "bad rows",
-                    r["bad_rows"][:20],
-                )
-        if ok and chosen is None:
-            chosen = c
-            if c == {}:
-                break  # the documented layout passes: nothing else to compare
-    result["chosen"] = chosen
-    (out / "probe.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / "chosen.env").write_text(
-        "".join(f"export {k}={v}\n" for k, v in (chosen or {}).items())
-        + ("" if chosen is not None else "false\n")
+    ok, rows = path_accuracy()
+    result["path"] = {"ok": ok, "rows": rows}
+    print(
+        "path",
+        "ok" if ok else "MISSES",
+        [(r["shape"], round(r.get("worst/bound", -1), 3)) for r in rows],
     )
-    print("CHOSEN", chosen, f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    return 0 if chosen is not None else 1
+    for r in rows:
+        if "pattern_rows_by_wblock" in r:
+            print(
+                "  pattern",
+                r["shape"],
+                r["pattern_rows_by_wblock"][:8],
+                "bad rows",
+                r["bad_rows"][:20],
+            )
+    documented = all(
+        any("documented" in f for f in sm.get("x_layout_fits", []))
+        and any("documented" in f for f in sm.get("w_layout_fits", []))
+        for sm in result["scale_map"].values()
+    )
+    result["documented_layouts_hold"] = documented
+    (out / "probe.json").write_text(json.dumps(result, indent=1, default=str))
+    print(
+        f"documented layouts hold: {documented}; GEMM within bound: {ok} "
+        f"({time.perf_counter() - t0:.1f} s)",
+        flush=True,
+    )
+    return 0 if ok and documented else 1
 
 
 if __name__ == "__main__":

@@ -53,27 +53,8 @@ bool nvfp4_prefill_via_fp8() {
   return v && std::strcmp(v, "fp8") == 0;
 }
 
-Fp8ScaleLayout fp8_scale_layout(int64_t row_blocks, int64_t col_blocks) {
-  const char* env = std::getenv("NINFER_FP8_SCALE_LAYOUT");
-  const std::string v = env ? env : "";
-  Fp8ScaleLayout l;
-  l.x_group_major = v.find("x=group") != std::string::npos;
-  l.x_token_pad = v.find("x=token128") != std::string::npos ? 128 : v.find("x=token16") != std::string::npos ? 16 : 1;
-  std::string w = "kmajor";
-  if (const auto at = v.find("w="); at != std::string::npos) w = v.substr(at + 2, v.find(',', at) - at - 2);
-  const int64_t l4 = round_up4(col_blocks), nb4 = round_up4(row_blocks);
-  if (w == "kmajor1") l.w_row_block = col_blocks, l.w_col_block = 1, l.w_floats = row_blocks * col_blocks;
-  else if (w == "mmajor") l.w_row_block = 1, l.w_col_block = row_blocks, l.w_floats = row_blocks * l4;
-  else if (w == "mmajor4") l.w_row_block = 1, l.w_col_block = nb4, l.w_floats = nb4 * l4;
-  else w = "kmajor", l.w_row_block = l4, l.w_col_block = 1, l.w_floats = row_blocks * l4;
-  l.name = std::string(l.x_group_major ? "x=group" : "x=token") +
-           (l.x_token_pad > 1 ? std::to_string(l.x_token_pad) : "") + ",w=" + w;
-  return l;
-}
-
 bool fp8_gemm_enabled() {
-  // The default for FP8 weights since its GPU tests pass (2026-12-02, session 2: bench/RESULTS.md);
-  // NINFER_FP8_GEMM=0 prefills them W8A16 (dequantize + bf16 cuBLAS) instead.
+  // On by default since its GPU tests pass (H200, 2026-12-02 session 2, bench/RESULTS.md).
   const char* v = std::getenv("NINFER_FP8_GEMM");
   return !(v && v[0] == '0');
 }
@@ -101,27 +82,16 @@ bool Fp8BlockGemm::accepts(const Weight& w, int64_t m, bool nvfp4) {
 void Fp8BlockGemm::quantize_activations(const float* x, int64_t m, int64_t k) {
   if (m < kMinRows || k % kFp8Block != 0) throw std::invalid_argument("Fp8BlockGemm: m >= 16 and k % 128 == 0");
   const int64_t main = m & ~int64_t(3), groups = k / kFp8Block;
-  const Fp8ScaleLayout l = fp8_scale_layout(1, groups);
-  const auto pad = [&](int64_t rows) { return (rows + l.x_token_pad - 1) / l.x_token_pad * l.x_token_pad; };
-  const int64_t ld = l.x_group_major ? main : pad(main), tail_ld = pad(kMinRows);
   auto* codes = static_cast<uint8_t*>(x_codes_buf_.get(static_cast<size_t>(m * k), stream_));
-  auto* scales = static_cast<float*>(x_scales_buf_.get(static_cast<size_t>(groups * ld) * 4, stream_));
+  auto* scales = static_cast<float*>(x_scales_buf_.get(static_cast<size_t>(groups * main) * 4, stream_));
   float* tail = nullptr;
-  if (main != m) tail = static_cast<float*>(tail_scales_buf_.get(static_cast<size_t>(groups * tail_ld) * 4, stream_));
-  launch_quantize_fp8_activations(x, m, k, codes, scales, ld, tail, main != m ? m - kMinRows : -1, tail_ld,
-                                  l.x_group_major, stream_);
+  if (main != m) tail = static_cast<float*>(tail_scales_buf_.get(static_cast<size_t>(groups * kMinRows) * 4, stream_));
+  launch_quantize_fp8_activations(x, m, k, codes, scales, main, tail, main != m ? m - kMinRows : -1, stream_);
   x_codes_ = codes, x_scales_ = scales, tail_scales_ = tail, m_ = m, k_ = k;
 }
 
-bool Fp8BlockGemm::x_first_wanted() const {
-  const char* v = std::getenv("NINFER_FP8_GEMM_PAIRING");
-  return force_x_first_ || (v && std::strcmp(v, "x_first") == 0);
-}
-
 Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t alignment) {
-  const char* out = std::getenv("NINFER_FP8_GEMM_OUT");
-  const bool bf16_first = out && std::strcmp(out, "bf16") == 0, x_first_only = x_first_wanted();
-  const auto key = std::make_tuple(m, n, k, alignment, int(x_first_only) | int(bf16_first) << 1);
+  const auto key = std::make_tuple(m, n, k, alignment);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   if (plans_.size() >= kMaxPlans) {
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -137,9 +107,8 @@ Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t
   // of scale modes be refused, with x as A (y comes out transposed and a pass turns it).
   std::string refused;
   for (const bool x_first : {false, true}) {
-    if (x_first_only && !x_first) continue;
-    for (const cudaDataType_t type : bf16_first ? std::initializer_list<cudaDataType_t>{CUDA_R_16BF, CUDA_R_32F}
-                                                : std::initializer_list<cudaDataType_t>{CUDA_R_32F, CUDA_R_16BF}) {
+    if (force_x_first_ && !x_first) continue;
+    for (const cudaDataType_t type : {CUDA_R_32F, CUDA_R_16BF}) {
       const int64_t ld = x_first ? m : n;  // of the output: rows of 16 bytes
       if (ld % (type == CUDA_R_32F ? 4 : 8) != 0) continue;
       const std::string why =
@@ -156,27 +125,18 @@ Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t
 }
 
 const float* Fp8BlockGemm::weight_scales(const Weight& w) {
-  const int64_t cb = w.cols / kFp8Block, nb = (w.rows + kFp8Block - 1) / kFp8Block;
-  const Fp8ScaleLayout l = fp8_scale_layout(nb, cb);
+  const int64_t cb = w.cols / kFp8Block, ld = round_up4(cb), nb = (w.rows + kFp8Block - 1) / kFp8Block;
   const float* base = static_cast<const float*>(w.scales) + fp8_scale_row(w) * cb;
   // Used in place when already in cuBLASLt's layout and as aligned as the plans assumed.
-  if (l.w_row_block == cb && l.w_col_block == 1 && reinterpret_cast<uintptr_t>(base) % 256 == 0) return base;
-  const auto key = std::make_tuple(static_cast<const void*>(base), nb, l.name);
+  if (ld == cb && reinterpret_cast<uintptr_t>(base) % 256 == 0) return base;
+  const auto key = std::make_pair(static_cast<const void*>(base), nb);
   if (auto it = padded_scales_.find(key); it != padded_scales_.end()) return it->second;
   float* padded = nullptr;
-  const size_t bytes = static_cast<size_t>(l.w_floats) * 4;
-  NINFER_CUDA_CHECK(cudaMalloc(&padded, bytes));
-  NINFER_CUDA_CHECK(cudaMemsetAsync(padded, 0, bytes, stream_));
-  if (l.w_col_block == 1) {  // rows of cb scales, l.w_row_block apart
-    NINFER_CUDA_CHECK(cudaMemcpy2DAsync(padded, static_cast<size_t>(l.w_row_block) * 4, base,
-                                        static_cast<size_t>(cb) * 4, static_cast<size_t>(cb) * 4,
-                                        static_cast<size_t>(nb), cudaMemcpyDeviceToDevice, stream_));
-  } else {  // transposed: one strided column per row block
-    for (int64_t p = 0; p < nb; ++p)
-      NINFER_CUDA_CHECK(cudaMemcpy2DAsync(padded + p * l.w_row_block, static_cast<size_t>(l.w_col_block) * 4,
-                                          base + p * cb, 4, 4, static_cast<size_t>(cb), cudaMemcpyDeviceToDevice,
-                                          stream_));
-  }
+  NINFER_CUDA_CHECK(cudaMalloc(&padded, static_cast<size_t>(nb * ld) * 4));
+  NINFER_CUDA_CHECK(cudaMemsetAsync(padded, 0, static_cast<size_t>(nb * ld) * 4, stream_));
+  NINFER_CUDA_CHECK(cudaMemcpy2DAsync(padded, static_cast<size_t>(ld) * 4, base, static_cast<size_t>(cb) * 4,
+                                      static_cast<size_t>(cb) * 4, static_cast<size_t>(nb), cudaMemcpyDeviceToDevice,
+                                      stream_));
   padded_scales_[key] = padded;
   return padded;
 }
@@ -191,13 +151,12 @@ void Fp8BlockGemm::forget_weights() {
 std::pair<const uint8_t*, const float*> Fp8BlockGemm::requantize(const Weight& w) {
   if (w.dtype != DType::NVFP4 || w.cols % kFp8Block != 0)
     throw std::invalid_argument("Fp8BlockGemm::requantize: an NVFP4 weight with k % 128 == 0");
-  const int64_t n = w.rows, k = w.cols, nb = (n + kFp8Block - 1) / kFp8Block;
-  const Fp8ScaleLayout l = fp8_scale_layout(nb, k / kFp8Block);
+  const int64_t n = w.rows, k = w.cols, ld = round_up4(k / kFp8Block), nb = (n + kFp8Block - 1) / kFp8Block;
   auto* bf16 = static_cast<uint16_t*>(w_bf16_.get(static_cast<size_t>(n * k) * 2, stream_));
   auto* codes = static_cast<uint8_t*>(w_codes_.get(static_cast<size_t>(n * k), stream_));
-  auto* scales = static_cast<float*>(w_scales_.get(static_cast<size_t>(l.w_floats) * 4, stream_));
+  auto* scales = static_cast<float*>(w_scales_.get(static_cast<size_t>(nb * ld) * 4, stream_));
   launch_dequantize_bf16(true, job_of(w), static_cast<int>(k), bf16, stream_);
-  launch_requantize_bf16_to_fp8_blocks(bf16, n, k, codes, scales, l.w_row_block, l.w_col_block, stream_);
+  launch_requantize_bf16_to_fp8_blocks(bf16, n, k, codes, scales, ld, stream_);
   return {codes, scales};
 }
 

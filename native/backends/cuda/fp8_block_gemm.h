@@ -36,23 +36,9 @@ namespace ninfer::cuda {
 // the default) or "fp8" (re-quantized to FP8 blocks, this GEMM). NINFER_NVFP4_PREFILL, read at
 // every call so a benchmark can time both in one process.
 bool nvfp4_prefill_via_fp8();
-// False when NINFER_FP8_GEMM=0 (default on): FP8 weights then prefill through the bf16
-// dequantize + cuBLAS path (W8A16) instead of this GEMM (W8A8).
+// True unless NINFER_FP8_GEMM=0, which sends FP8 weights' prefill through the bf16 dequantize
+// + cuBLAS path (W8A16) instead of this GEMM (W8A8).
 bool fp8_gemm_enabled();
-
-// Where cuBLASLt reads each block scale (floats from the scale pointer). The default is the
-// documented layout (x: token-major [k/128, m]; weight: [ceil(n/128), round_up(k/128, 4)]);
-// NINFER_FP8_SCALE_LAYOUT (e.g. "x=group,w=mmajor") picks another one, read at each call: the
-// GPU probe (tools/gpu/fp8_scale_probe.py) compares them without a rebuild.
-struct Fp8ScaleLayout {
-  bool x_group_major = false;    // x=group: [m, k/128]
-  int64_t x_token_pad = 1;       // x=token16 / x=token128: token-major, rows padded to this
-  int64_t w_row_block = 0;       // stride of a 128-row block
-  int64_t w_col_block = 1;       // stride of a 128-column block
-  int64_t w_floats = 0;          // floats of the whole tensor
-  std::string name;
-};
-Fp8ScaleLayout fp8_scale_layout(int64_t row_blocks, int64_t col_blocks);
 
 class Fp8BlockGemm {
  public:
@@ -83,8 +69,7 @@ class Fp8BlockGemm {
   // ... and, when m % 4 != 0, those of the last 16 rows: [k/128, 16].
   const float* tail_activation_scales() const { return tail_scales_; }
   // The FP8 form of an NVFP4 weight as matmul() makes it (tests): codes [rows, k] and scales
-  // (fp8_scale_layout: by default [ceil(rows / 128), round_up(k / 128, 4)]), valid until the
-  // next call.
+  // [ceil(rows / 128), round_up(k / 128, 4)], valid until the next call.
   std::pair<const uint8_t*, const float*> requantize(const Weight& nvfp4_weight);
   // Drops the cached padded weight scales (their weights are gone).
   void forget_weights();
@@ -98,7 +83,6 @@ class Fp8BlockGemm {
     std::string refused;  // non-empty: no algorithm for either output type
   };
   Plan& plan(int64_t m, int64_t n, int64_t k, uint32_t alignment);
-  bool x_first_wanted() const;
   const float* weight_scales(const Weight& w);
   // (rows, pointer alignment) of the GEMMs of one matmul (see the header comment).
   std::vector<std::pair<int64_t, uint32_t>> gemms(const void* w_codes, const float* y, int64_t n) const;
@@ -106,8 +90,8 @@ class Fp8BlockGemm {
 
   cudaStream_t stream_;
   void* handle_ = nullptr;
-  std::map<std::tuple<int64_t, int64_t, int64_t, uint32_t, int>, Plan> plans_;
-  std::map<std::tuple<const void*, int64_t, std::string>, float*> padded_scales_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, uint32_t>, Plan> plans_;
+  std::map<std::pair<const void*, int64_t>, float*> padded_scales_;
   DeviceScratch workspace_, x_codes_buf_, x_scales_buf_, tail_scales_buf_, w_bf16_, w_codes_, w_scales_, y_staged_;
   const uint8_t* x_codes_ = nullptr;
   const float* x_scales_ = nullptr;

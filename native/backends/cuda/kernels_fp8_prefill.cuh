@@ -40,8 +40,7 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d, f
 // One warp per (row, 128-column group): each lane quantizes 4 consecutive values.
 __global__ void quantize_fp8_activations(const float* __restrict__ x, int64_t m, int64_t k,
                                          uint8_t* __restrict__ codes, float* __restrict__ scales, int64_t ld,
-                                         float* __restrict__ tail_scales, int64_t tail_first, int64_t tail_ld,
-                                         bool group_major) {
+                                         float* __restrict__ tail_scales, int64_t tail_first) {
   const int64_t groups = k / 128;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x & 31);
@@ -52,19 +51,15 @@ __global__ void quantize_fp8_activations(const float* __restrict__ x, int64_t m,
   const float s = fp8_group_scale(amax);
   reinterpret_cast<uint32_t*>(codes + r * k + g * 128)[lane] = e4m3x4(v.x, v.y, v.z, v.w, s);
   if (lane == 0) {
-    if (r < ld) scales[group_major ? r * groups + g : g * ld + r] = s;  // group-major: ld = rows
-    if (tail_first >= 0 && r >= tail_first) {
-      const int64_t t = r - tail_first;
-      tail_scales[group_major ? t * groups + g : g * tail_ld + t] = s;
-    }
+    if (r < ld) scales[g * ld + r] = s;
+    if (tail_first >= 0 && r >= tail_first) tail_scales[g * (m - tail_first) + (r - tail_first)] = s;
   }
 }
 
 // One block of 256 threads per 128×128 block: thread t owns 64 columns of row t / 2.
 __global__ void __launch_bounds__(256) requantize_bf16_to_fp8_blocks(const uint16_t* __restrict__ w, int64_t n,
                                                                      int64_t k, uint8_t* __restrict__ codes,
-                                                                     float* __restrict__ scales, int64_t row_stride,
-                                                                     int64_t col_stride) {
+                                                                     float* __restrict__ scales, int64_t scale_ld) {
   __shared__ float block_max[8];
   const int64_t row = static_cast<int64_t>(blockIdx.y) * 128 + threadIdx.x / 2;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * 128 + (threadIdx.x & 1) * 64;
@@ -90,7 +85,7 @@ __global__ void __launch_bounds__(256) requantize_bf16_to_fp8_blocks(const uint1
 #pragma unroll
   for (int i = 1; i < 8; ++i) amax = fmaxf(amax, block_max[i]);
   const float s = fp8_group_scale(amax);
-  if (threadIdx.x == 0) scales[static_cast<int64_t>(blockIdx.y) * row_stride + blockIdx.x * col_stride] = s;
+  if (threadIdx.x == 0) scales[static_cast<int64_t>(blockIdx.y) * scale_ld + blockIdx.x] = s;
   if (row >= n) return;
   uint4* dst = reinterpret_cast<uint4*>(codes + row * k + col0);
 #pragma unroll

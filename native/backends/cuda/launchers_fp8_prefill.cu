@@ -9,24 +9,21 @@
 namespace ninfer::cuda {
 
 void launch_quantize_fp8_activations(const float* x, int64_t m, int64_t k, uint8_t* codes, float* scales,
-                                     int64_t ld, float* tail_scales, int64_t tail_first, int64_t tail_ld,
-                                     bool group_major,
-                                     cudaStream_t stream) {
+                                     int64_t ld, float* tail_scales, int64_t tail_first, cudaStream_t stream) {
   if (k % 128 != 0) throw std::invalid_argument("quantize_fp8_activations: k must be a multiple of 128");
   if (m <= 0) return;
   const int64_t warps = m * (k / 128);
   const unsigned int blocks = static_cast<unsigned int>((warps + 7) / 8);
-  kernels::quantize_fp8_activations<<<blocks, 256, 0, stream>>>(x, m, k, codes, scales, ld, tail_scales, tail_first, tail_ld,
-                                                                   group_major);
+  kernels::quantize_fp8_activations<<<blocks, 256, 0, stream>>>(x, m, k, codes, scales, ld, tail_scales, tail_first);
   NINFER_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_requantize_bf16_to_fp8_blocks(const uint16_t* w, int64_t n, int64_t k, uint8_t* codes, float* scales,
-                                          int64_t row_stride, int64_t col_stride, cudaStream_t stream) {
+                                          int64_t scale_ld, cudaStream_t stream) {
   if (k % 128 != 0) throw std::invalid_argument("requantize_bf16_to_fp8_blocks: k must be a multiple of 128");
   if (n <= 0) return;
   const dim3 grid(static_cast<unsigned int>(k / 128), static_cast<unsigned int>((n + 127) / 128));
-  kernels::requantize_bf16_to_fp8_blocks<<<grid, 256, 0, stream>>>(w, n, k, codes, scales, row_stride, col_stride);
+  kernels::requantize_bf16_to_fp8_blocks<<<grid, 256, 0, stream>>>(w, n, k, codes, scales, scale_ld);
   NINFER_CUDA_CHECK(cudaGetLastError());
 }
 

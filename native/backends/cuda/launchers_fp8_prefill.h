@@ -13,19 +13,16 @@ namespace ninfer::cuda {
 
 // codes[r, :] = e4m3 of x[r, :] (m rows of k floats, k % 128 == 0) under one scale per
 // (row, 128-column group). The scale of (r, g) goes to scales[g * ld + r] for r < ld (the
-// token-major layout cuBLASLt's VEC128_32F mode reads; with group_major, scales[r * k/128 + g]),
-// and, when tail_first >= 0, also to tail_scales[g * tail_ld + r - tail_first] (or group-major)
-// for r >= tail_first (a second GEMM over the last rows, see fp8_block_gemm.h).
+// token-major layout cuBLASLt's VEC128_32F mode reads), and, when tail_first >= 0, also to
+// tail_scales[g * (m - tail_first) + r - tail_first] for r >= tail_first (a second GEMM over
+// the last rows, see fp8_block_gemm.h).
 void launch_quantize_fp8_activations(const float* x, int64_t m, int64_t k, uint8_t* codes, float* scales,
-                                     int64_t ld, float* tail_scales, int64_t tail_first, int64_t tail_ld,
-                                     bool group_major,
-                                     cudaStream_t stream);
+                                     int64_t ld, float* tail_scales, int64_t tail_first, cudaStream_t stream);
 
 // A bf16 [n, k] matrix (k % 128 == 0) as e4m3 codes [n, k] under f32 scales per 128×128
-// block; the scale of row block p and column block b goes to scales[p * row_stride + b *
-// col_stride] (the padding is left as is).
+// block, stored [ceil(n / 128), scale_ld] (scale_ld >= k / 128; the padding is left as is).
 void launch_requantize_bf16_to_fp8_blocks(const uint16_t* w, int64_t n, int64_t k, uint8_t* codes, float* scales,
-                                          int64_t row_stride, int64_t col_stride, cudaStream_t stream);
+                                          int64_t scale_ld, cudaStream_t stream);
 
 // out[c, r] = in[r, c] for in [rows, cols] of f32 (or bf16 bits when bf16): a GEMM whose output
 // came out transposed.
