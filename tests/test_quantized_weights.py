@@ -25,6 +25,7 @@ from ninfer.artifact.block_quant import (  # noqa: E402
     E4M3_VALUES,
     dequantize_fp8,
     dequantize_nvfp4,
+    e4m3_to_f32,
     f32_to_e2m1,
     f32_to_e4m3,
     quantize_fp8,
@@ -430,6 +431,34 @@ def test_cpu_matmul_matches_float64_on_dequantized_weights(dtype, m, experts, n,
     ref = x.astype(np.float64) @ ref_w.astype(np.float64).T
     bound = 1e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(ref_w).T).max() + 1e-7
     assert np.abs(out - ref).max() <= bound
+
+
+@pytest.mark.parametrize("m", [16, 40])
+def test_cpu_w8a8_mirror_rounds_x_like_the_cuda_fp8_gemm(m, monkeypatch):
+    """NINFER_CPU_W8A8=1: x meets FP8 weights as e4m3 per row and 128 columns (scale amax/448,
+    the CUDA prefill GEMM's operand) above 16 rows; at 16 rows (the GPU's GEMV) and without it,
+    x stays f32."""
+    rng = np.random.default_rng(m)
+    n, k = 64, 256
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    blob = quantize_fp8(w)
+    w64 = dequantize_fp8(blob, w.shape).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32) * np.exp(rng.uniform(-2, 2, (m, 1)))
+    x = x.astype(np.float32)
+    groups = x.reshape(m, k // 128, 128)
+    s = (np.abs(groups).max(axis=2, keepdims=True) / np.float32(448.0)).astype(np.float32)
+    x8 = (e4m3_to_f32(f32_to_e4m3((groups / s).astype(np.float32))) * s).reshape(m, k)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    monkeypatch.setenv("NINFER_CPU_W8A8", "1")
+    _core.matmul(x, blob, "fp8", out, group_rows=n, threads=2)
+    mirrored = x8.astype(np.float64) @ w64.T if m > 16 else x.astype(np.float64) @ w64.T
+    bound = 1e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(w64).T).max() + 1e-7
+    assert np.abs(out - mirrored).max() <= bound
+    if m > 16:  # and the rounding is visible
+        assert np.abs(out - x.astype(np.float64) @ w64.T).max() > 100 * bound
+    monkeypatch.delenv("NINFER_CPU_W8A8")
+    _core.matmul(x, blob, "fp8", out, group_rows=n, threads=2)
+    assert np.abs(out - x.astype(np.float64) @ w64.T).max() <= bound
 
 
 MOE_CONFIG = {

@@ -21,9 +21,11 @@
 #include <cuda_runtime.h>
 
 #include "backends/cuda/cublas_runtime.h"
+#include "backends/cuda/cublaslt_runtime.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/fp8_block_gemm.h"
 #include "backends/cuda/launchers.h"
+#include "backends/cuda/launchers_fp8_prefill.h"
 #include "backends/cuda/launchers_quant.h"
 #include "backends/quantized_weight.h"
 #endif
@@ -80,6 +82,7 @@ class CudaFp8Gemm {
     cudaStreamSynchronize(stream_);
     gemm_.reset();
     if (cublas_) cuda::CublasRuntime::get().destroy_handle(cublas_);
+    if (raw_handle_) cuda::CublasLtRuntime::get().destroy_handle(raw_handle_);
     cudaStreamDestroy(stream_);
   }
   CudaFp8Gemm(const CudaFp8Gemm&) = delete;
@@ -157,6 +160,58 @@ class CudaFp8Gemm {
     for (const unsigned char b : guard)
       if (b != kGuardByte) throw std::runtime_error("matmul wrote past its output");
     return y;
+  }
+
+  // cuBLASLt's block-scaled GEMM on operands given as they are (the scale-layout probe,
+  // tools/gpu/fp8_scale_probe.py): w codes [n, k] under `w_scales` (BLK128x128), x codes [m, k]
+  // under `x_scales` (VEC128), each scale buffer passed flat with `pad` floats of `pad_value`
+  // after it (what cuBLASLt reads past the documented size shows). Returns (D as cuBLASLt wrote
+  // it, row-major: [m, n], or [n, m] with x_first; "" or why the shape was refused).
+  py::tuple raw_gemm(py::array w_codes, py::array w_scales, py::array x_codes, py::array x_scales, bool x_first,
+                     bool bf16_out, int64_t pad, float pad_value) {
+    check_array<uint8_t>(w_codes, "w_codes");
+    check_array<uint8_t>(x_codes, "x_codes");
+    check_array<float>(w_scales, "w_scales");
+    check_array<float>(x_scales, "x_scales");
+    const int64_t n = w_codes.shape(0), k = w_codes.shape(1), m = x_codes.shape(0);
+    if (x_codes.shape(1) != k) throw py::value_error("x_codes: [m, k] with w_codes' k");
+    NINFER_CUDA_CHECK(cudaSetDevice(device_));
+    const auto& lt = cuda::CublasLtRuntime::get();
+    if (!raw_handle_) raw_handle_ = lt.create_handle();
+    const size_t ws_bytes = size_t(32) << 20;
+    Buffer ws(ws_bytes), wd(w_codes.nbytes()), xd(x_codes.nbytes()), y(static_cast<size_t>(m * n) * 4);
+    auto padded = [&](const py::array& a) {
+      std::vector<float> v(static_cast<size_t>(a.size() + pad), pad_value);
+      std::copy_n(static_cast<const float*>(a.data()), a.size(), v.begin());
+      auto b = std::make_unique<Buffer>(v.size() * 4);
+      NINFER_CUDA_CHECK(cudaMemcpy(b->as<void>(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+      return b;
+    };
+    const auto ws_d = padded(w_scales), xs_d = padded(x_scales);
+    NINFER_CUDA_CHECK(cudaMemcpy(wd.as<void>(), w_codes.data(), w_codes.nbytes(), cudaMemcpyHostToDevice));
+    NINFER_CUDA_CHECK(cudaMemcpy(xd.as<void>(), x_codes.data(), x_codes.nbytes(), cudaMemcpyHostToDevice));
+    NINFER_CUDA_CHECK(cudaMemset(y.as<void>(), 0xff, static_cast<size_t>(m * n) * 4));  // NaN
+    cuda::LtFp8Plan plan;
+    const std::string why = lt.plan_fp8_block(raw_handle_, m, n, k, bf16_out ? CUDA_R_16BF : CUDA_R_32F, x_first,
+                                              ws_bytes, 256, ws.as<void>(), plan);
+    const int64_t rows = x_first ? n : m, cols = x_first ? m : n;
+    py::array_t<float> out({rows, cols});
+    if (!why.empty()) return py::make_tuple(out, why);
+    lt.run_fp8_block(raw_handle_, plan, wd.as<void>(), ws_d->as<float>(), xd.as<void>(), xs_d->as<float>(),
+                     y.as<void>(), ws.as<void>(), ws_bytes, stream_);
+    if (bf16_out) {
+      Buffer f(static_cast<size_t>(m * n) * 4);
+      cuda::launch_bf16_to_f32(y.as<uint16_t>(), f.as<float>(), m * n, stream_);
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(out.mutable_data(), f.as<void>(), static_cast<size_t>(m * n) * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+      NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    } else {
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(out.mutable_data(), y.as<void>(), static_cast<size_t>(m * n) * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+      NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    lt.destroy_plan(plan);
+    return py::make_tuple(out, std::string());
   }
 
   // The FP8 form of an NVFP4 tensor as the prefill path makes it: (codes uint8 [rows, k],
@@ -251,6 +306,7 @@ class CudaFp8Gemm {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   void* cublas_ = nullptr;
+  void* raw_handle_ = nullptr;
   std::unique_ptr<cuda::Fp8BlockGemm> gemm_;
 };
 
@@ -266,6 +322,10 @@ void bind_cuda_fp8_gemm(py::module_& m) {
       .def("quantize", &CudaFp8Gemm::quantize, py::arg("x"))
       .def("matmul", &CudaFp8Gemm::matmul, py::arg("x"), py::arg("dtype"), py::arg("blob"), py::arg("rows"),
            py::arg("bias") = py::none())
+      .def("raw_gemm", &CudaFp8Gemm::raw_gemm, py::arg("w_codes"), py::arg("w_scales"), py::arg("x_codes"),
+           py::arg("x_scales"), py::arg("x_first") = false, py::arg("bf16_out") = false, py::arg("pad") = 0,
+           py::arg("pad_value") = 1.0f,
+           "cuBLASLt's block-scaled GEMM on given codes and flat scale buffers (the scale-layout probe)")
       .def("requantize", &CudaFp8Gemm::requantize, py::arg("blob"), py::arg("rows"), py::arg("k"))
       .def("time", &CudaFp8Gemm::time, py::arg("path"), py::arg("rows"), py::arg("k"), py::arg("m"),
            py::arg("reps") = 10);

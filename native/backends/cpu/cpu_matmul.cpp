@@ -6,14 +6,19 @@
 // Several weights applied to the same X (q/k/v, gate/up) run as one job: one hand-off to the
 // thread pool and one quantization of X instead of one per weight. FP8 and NVFP4 weights are
 // the reference path (correctness, not speed): a task decodes its rows to f32, then runs the
-// f32 tile.
+// f32 tile. With NINFER_CPU_W8A8=1, X meets FP8 weights rounded the way the CUDA prefill GEMM
+// rounds it (W8A8: e4m3 per token and 128 columns, scale amax / 448), the reference its GPU
+// test compares with (tests/test_cuda_fp8_gemm.py).
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/quantized_weight.h"
+#include "cache/kv_format.h"
 
 namespace ninfer::cpu {
 
@@ -50,6 +55,25 @@ struct OutputPlan {
   int64_t cols_per_task;
   int64_t col_tasks;
 };
+
+// Whether the CUDA backend would take w through its W8A8 FP8 GEMM for m rows
+// (cuda::Fp8BlockGemm::accepts and the GEMV's m <= 16) and NINFER_CPU_W8A8 asks to mirror it.
+bool mirrors_fp8_gemm(const Weight& w, int64_t m) {
+  const char* on = std::getenv("NINFER_CPU_W8A8");  // read per call: tests switch it
+  return on && on[0] == '1' && w.dtype == DType::FP8 && m > 16 && w.cols % 128 == 0 && w.rows % 4 == 0;
+}
+
+// x [m, k] as the FP8 GEMM sees it: per (row, 128 columns) s = amax / 448 (1 when all zero),
+// each value e4m3(v / s) · s.
+void round_like_fp8_gemm(const float* x, int64_t m, int64_t k, float* out) {
+  for (int64_t i = 0; i < m * k; i += 128) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < 128; ++j) amax = std::max(amax, std::fabs(x[i + j]));
+    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int64_t j = 0; j < 128; ++j)
+      out[i + j] = kvcodec::e4m3_to_float(kvcodec::float_to_e4m3(x[i + j] / s)) * s;
+  }
+}
 
 }  // namespace
 
@@ -88,6 +112,15 @@ void CpuBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulOu
     });
   }
   const BlockQ8Act* xq = quantized_x_.data();
+  thread_local std::vector<float> x_w8a8;
+  const bool w8a8 = std::any_of(plans.begin(), plans.end(), [&](const OutputPlan& p) {
+    return mirrors_fp8_gemm(*p.out.weight, m);
+  });
+  if (w8a8) {
+    x_w8a8.resize(static_cast<size_t>(m * k));
+    round_like_fp8_gemm(x, m, k, x_w8a8.data());
+  }
+  const float* x8 = x_w8a8.data();
 
   pool_.parallel_for(first_task.back(), [&](int64_t task) {
     const size_t p = static_cast<size_t>(std::upper_bound(first_task.begin(), first_task.end(), task) -
@@ -104,7 +137,8 @@ void CpuBackend::matmul_many(const float* x, int64_t m, std::span<const MatmulOu
       thread_local std::vector<float> decoded;
       decoded.resize(static_cast<size_t>(nc * k));
       dequantize_rows(*plan.out.weight, c0, nc, decoded.data());
-      kernels.tile_f32(x + r0 * k, k, nr, decoded.data(), k * 4, nc, k, yc, n);
+      const float* xs = mirrors_fp8_gemm(*plan.out.weight, m) ? x8 : x;
+      kernels.tile_f32(xs + r0 * k, k, nr, decoded.data(), k * 4, nc, k, yc, n);
     } else if (plan.tile)
       plan.tile(x + r0 * k, k, nr, wc, plan.row_bytes, nc, k, yc, n);
     else

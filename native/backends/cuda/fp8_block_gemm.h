@@ -36,8 +36,8 @@ namespace ninfer::cuda {
 // the default) or "fp8" (re-quantized to FP8 blocks, this GEMM). NINFER_NVFP4_PREFILL, read at
 // every call so a benchmark can time both in one process.
 bool nvfp4_prefill_via_fp8();
-// False when NINFER_FP8_GEMM=0: FP8 weights then prefill through the bf16 dequantize + cuBLAS
-// path (the reference the W8A8 path is compared with).
+// True unless NINFER_FP8_GEMM=0, which sends FP8 weights' prefill through the bf16 dequantize
+// + cuBLAS path (W8A16) instead of this GEMM (W8A8).
 bool fp8_gemm_enabled();
 
 class Fp8BlockGemm {
