@@ -9,7 +9,9 @@ server's lanes and prefill chunk, its start time) and one bench_serve.py result 
 `serve/<shape>-in<N>-c<C>.json`. Each row of the table puts side by side, per run:
 
 - the client's figures (vLLM definitions, bench/serve_metrics.py): output tok/s, TTFT, TPOT
-  and ITL medians, ITL p99 / p50;
+  and ITL medians, ITL p99 / p50, and output tokens per text-carrying event (above 1 when
+  the server held a token's text until the next one completed it, e.g. inside a UTF-8
+  character: each such event is one ITL gap of two steps, not a stall);
 - the engine's own account of the same requests (the `timings` object on the last chunk):
   prefill time and decode ms per token, and the ratio client ÷ engine of the decode rate;
 - the floors: decode = the bytes one step reads (weights, as bench_cuda_hybrid.py counts them
@@ -203,9 +205,9 @@ def to_markdown(tables: list[dict[str, Any]], ceilings: dict[str, float] | None)
             "| input | c | batch | out tok/s | TTFT p50 | engine prefill | TTFT − prefill "
             "| prefill floor | TPOT p50 client / engine | decode tok/s client / engine "
             "| HTTP ÷ engine | aggregate client / engine | ITL p50 / p99 | p99 ÷ p50 "
-            "| decode floor | client ÷ floor |",
+            "| tokens / event | decode floor | client ÷ floor |",
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-            "| ---: | ---: | ---: | ---: | ---: |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in table["rows"]:
             lines.append(
@@ -219,6 +221,7 @@ def to_markdown(tables: list[dict[str, Any]], ceilings: dict[str, float] | None)
                 f"| {_fmt(r['client_aggregate_tok_s'])} / {_fmt(r['engine_aggregate_tok_s'])} "
                 f"| {_fmt(r['itl_p50_ms'], '.2f')} / {_fmt(r['itl_p99_ms'], '.2f')} ms "
                 f"| {_fmt(r['itl_p99_over_p50'], '.2f')} "
+                f"| {_fmt(r['tokens_per_event'], '.3f')} "
                 f"| {_fmt(r['decode_floor_tok_s'])} | {_fmt(r['client_over_floor'], '%')} |"
             )
         if table.get("skipped"):

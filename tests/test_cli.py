@@ -15,7 +15,7 @@ from ninfer import default_model
 from ninfer.default_model import ModelSourceError, cached_conversion, resolve_model, source_kind
 from ninfer.engine_loading import apply_cuda_graphs
 from ninfer.engine_types import EngineConfig
-from ninfer.server.cli import engine_config, main, resolve_device
+from ninfer.server.cli import engine_config, main, resolve_device, warmup_shape
 from ninfer.server.options import (
     NO_OP_VALUES,
     UNAVAILABLE_OPTIONS,
@@ -300,3 +300,9 @@ def test_busy_port_exits_before_loading(capsys):
         port = busy.getsockname()[1]
         assert main(["--port", str(port)]) == 1
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_gpu_warmup_covers_a_whole_prefill_chunk():
+    gpu = engine_config(parse_args(["m.ninfer", "--device", "0", "--prefill-chunk", "1024"]))
+    assert warmup_shape(gpu) == (1024, 4)
+    assert warmup_shape(engine_config(parse_args(["m.ninfer", "--device", "cpu"]))) == (1, 2)

@@ -206,6 +206,24 @@ def test_warmup_and_metadata():
     assert engine.model_info["n_ctx"] == 256 and engine.model_info["n_vocab"] == VOCAB
 
 
+def test_warmup_of_a_whole_prefill_chunk():
+    """ninfer-serve's GPU warm-up: a chunk-sized prompt and 4 tokens, capped by the context."""
+
+    async def main():
+        engine = _engine(max_context=256)
+        await engine.warmup(prompt_tokens=64, max_tokens=4)
+        first = engine.stats()
+        await engine.warmup(prompt_tokens=10_000, max_tokens=4)  # capped to fit the context
+        second = engine.stats()
+        await engine.close()
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert first["requests_finished"] == 1 and first["tokens_decoded"] == 4
+    assert first["prompt_tokens"] == 64
+    assert second["prompt_tokens"] - first["prompt_tokens"] == 252
+
+
 def test_async_context_manager_cancels_on_exit():
     async def main():
         engine = _engine(max_concurrency=1)

@@ -452,11 +452,16 @@ class AsyncEngine:
         thread.start()
         return thread
 
-    async def warmup(self) -> None:
-        """Runs a tiny greedy generation so the first real request does not pay for
-        first-touch costs (page faults of the weights, thread start-up)."""
-        prompt = [self._warmup_token()]
-        handle = self.submit(GenerationRequest(prompt_ids=prompt, max_tokens=2))
+    async def warmup(self, prompt_tokens: int = 1, max_tokens: int = 2) -> None:
+        """Runs a greedy generation so the first real request does not pay for first-touch
+        costs (page faults of the weights, thread start-up). A longer warm-up (ninfer-serve
+        on a GPU: one whole prefill chunk, then a few decode steps) also loads the prefill
+        kernels and GEMM choices for a full chunk, grows the scratch buffers to prefill size
+        and captures the batch-1 decode graph, which otherwise cost the first long prompt
+        ~50 ms of TTFT and its second token a graph capture (H200, 27B shape)."""
+        room = max(1, self.max_context - max_tokens)
+        prompt = [self._warmup_token()] * max(1, min(prompt_tokens, room))
+        handle = self.submit(GenerationRequest(prompt_ids=prompt, max_tokens=max_tokens))
         handle_events = [event async for event in handle]
         last = handle_events[-1]
         if last.finish_reason == "error":

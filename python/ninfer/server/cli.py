@@ -145,6 +145,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def warmup_shape(config: EngineConfig) -> tuple[int, int]:
+    """(prompt tokens, output tokens) of the start-up generation. On a GPU: one whole
+    prefill chunk and 4 tokens, so the first request finds the chunk's kernels loaded, its
+    GEMM choices made, the scratch buffers at prefill size and the batch-1 decode graph
+    captured (a graph is captured the second time its step shape is seen). Elsewhere one
+    token and 2, which is all the CPU backend needs."""
+    if config.device.startswith("cuda"):
+        return config.prefill_chunk, 4
+    return 1, 2
+
+
 def dummy_weights_seed(args: argparse.Namespace) -> int | None:
     """The seed of `--load-format dummy` weights (`--seed`, else 0), None for real weights."""
     if args.load_format != "dummy":
@@ -219,7 +230,7 @@ async def _run(
             thinking_budget_message=args.thinking_budget_message,
             max_output_tokens=args.max_output_tokens,
         )
-        await engine.warmup()
+        await engine.warmup(*warmup_shape(config))
         # Long prompts encode ~15x faster once the tokenizer's tiktoken path has passed its
         # exactness check (ninfer.fast_bpe: seconds the first time a tokenizer.json is seen
         # on this machine, then remembered), so the server reports ready when it has.
