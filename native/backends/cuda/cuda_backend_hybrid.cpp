@@ -130,7 +130,8 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
     const DeltaRuleArgs args{conv_out, conv_out + kw, channels, conv_out + 2 * kw, channels, nullptr, nullptr, out, vw};
     const GdnRawGates raw{b, hv, a, hv, weights.A_log, weights.dt_bias, q_scale, 1e-6f};
     launch_gated_delta_rule_recurrent_prepared(dims, args, raw, seq_dev, n, overlap_launches_, stream_);
-    launch_gated_rmsnorm(out, z, rows * hv, shape.value_dim, weights.norm_weight, shape.norm_eps, out, stream_);
+    launch_gated_rmsnorm(out, z, rows * hv, shape.value_dim, weights.norm_weight, shape.norm_eps, out, stream_,
+                         overlap_launches_);
     return;
   }
   launch_l2norm_heads(conv_out, channels, rows, shape.key_heads, shape.key_dim, q_scale, 1e-6f, stream_);

@@ -221,11 +221,10 @@ void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& 
 }
 
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
-                          float* out, cudaStream_t stream) {
+                          float* out, cudaStream_t stream, bool overlap) {
   if (rows <= 0) return;
-  kernels::row_norm<false, true><<<static_cast<unsigned int>(rows), norm_threads(dim), 0, stream>>>(
-      x, dim, z, dim, weight, eps, out, dim);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_overlapped(overlap, dim3(static_cast<unsigned int>(rows)), dim3(norm_threads(dim)), 0, stream,
+                    kernels::row_norm<false, true>, x, dim, z, dim, weight, eps, out, dim);
 }
 
 void launch_rmsnorm_zero_centered(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,

@@ -115,7 +115,7 @@ void launch_gdn_chunk_scan(const GdnDims& shape, const DeltaRuleArgs& args, cons
 
 // out = w * (x * rsqrt(mean(x^2) + eps)) * silu(z) per row of dim floats (out may be x).
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
-                          float* out, cudaStream_t stream);
+                          float* out, cudaStream_t stream, bool overlap = false);
 
 // out = x * rsqrt(mean(x^2) + eps) * (1 + weight) per row of dim floats, with row strides.
 void launch_rmsnorm_zero_centered(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,
