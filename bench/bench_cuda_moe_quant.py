@@ -142,14 +142,15 @@ def run_format(cfg, dtype, bw, rate, steps, contexts, batches) -> dict:
             str(path),
             max_lanes=lanes,
             max_batch_tokens=16384,
-            max_context=max(contexts) + 8 * (steps + 4) + 64,
+            # the 8192-token prefill runs in lane 0 too, whatever the decode contexts
+            max_context=max(*contexts, 8192) + 8 * (steps + 4) + 64,
             device="cuda",
             random_weights_seed=1,
             random_weights_dtype=dtype,
         )
         out["load_s"] = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, counts["vocab"], size=max(contexts) + 8).tolist()
+    tokens = rng.integers(0, counts["vocab"], size=max(*contexts, 8192) + 8).tolist()
     runner.forward(0, 0, tokens[:256])
     runner.reset(0)
     torch.cuda.synchronize()
