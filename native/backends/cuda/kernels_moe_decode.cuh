@@ -54,12 +54,36 @@ __device__ __forceinline__ float moe_dot4(const float4 x, float2 a, float2 b) {
   return a.x * x.x + a.y * x.y + b.x * x.z + b.y * x.w;
 }
 
-// Chunk c (16 bytes at v) of row r of w against xs, with its block (FP8) or group (NVFP4) scales.
+// Where row r's scales start (FP8: its row of 128x128 block scales, f32; NVFP4: its e4m3 group
+// scales, two a chunk; bf16: none). Once a row, not once a chunk: the FP8 form divides by the
+// stack's group rows.
 template <int F>
-__device__ __forceinline__ float moe_chunk_dot(const MoeWeightRef& w, int64_t r, int c, const uint4 v,
-                                               const float* xs) {
-  const float4* x4 = reinterpret_cast<const float4*>(xs + static_cast<int64_t>(c) * moe_chunk_cols(F));
+__device__ __forceinline__ const uint8_t* moe_scale_row(const MoeWeightRef& w, int64_t r) {
   const int64_t g = w.first_row + r;  // row of the whole tensor (scales)
+  if constexpr (F == kMoeFmtFp8) {
+    const int row_blocks = (w.group_rows + 127) / 128, col_blocks = (w.k + 127) / 128;
+    const int64_t block_row = (g / w.group_rows) * row_blocks + (g % w.group_rows) / 128;
+    return static_cast<const uint8_t*>(w.scales) + 4 * block_row * col_blocks;
+  } else if constexpr (F == kMoeFmtNvfp4) {
+    return static_cast<const uint8_t*>(w.scales) + g * (w.k / 16);
+  } else {
+    return nullptr;
+  }
+}
+
+// The scale bits of chunk c (FP8: its f32 block scale; NVFP4: its two e4m3 group scales, the
+// lower half first), loaded beside the chunk's codes so that both reads are in flight together.
+template <int F>
+__device__ __forceinline__ uint32_t moe_chunk_scale(const uint8_t* scale_row, int c) {
+  if constexpr (F == kMoeFmtFp8) return __float_as_uint(__ldg(reinterpret_cast<const float*>(scale_row) + c / 8));
+  else if constexpr (F == kMoeFmtNvfp4) return __ldg(reinterpret_cast<const unsigned short*>(scale_row) + c);
+  else return 0u;
+}
+
+// Chunk c (16 bytes at v, scale bits from moe_chunk_scale) of a row against xs.
+template <int F>
+__device__ __forceinline__ float moe_chunk_dot(int c, const uint4 v, uint32_t scale, const float* xs) {
+  const float4* x4 = reinterpret_cast<const float4*>(xs + static_cast<int64_t>(c) * moe_chunk_cols(F));
   if constexpr (F == kMoeFmtBf16) {
     float f[8];
     bf16x8_to_float(v, f);
@@ -71,9 +95,7 @@ __device__ __forceinline__ float moe_chunk_dot(const MoeWeightRef& w, int64_t r,
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) s += moe_dot4(x4[i], moe_e4m3x2(words[i]), moe_e4m3x2(words[i] >> 16));
-    const int row_blocks = (w.group_rows + 127) / 128, col_blocks = (w.k + 127) / 128;
-    const auto* scales = static_cast<const float*>(w.scales);
-    return s * __ldg(scales + ((g / w.group_rows) * row_blocks + (g % w.group_rows) / 128) * col_blocks + c / 8);
+    return s * __uint_as_float(scale);
   } else {
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
     float half_sum[2] = {0.0f, 0.0f};
@@ -84,8 +106,7 @@ __device__ __forceinline__ float moe_chunk_dot(const MoeWeightRef& w, int64_t r,
       half_sum[i / 2] += moe_dot4(x4[2 * i], moe_e2m1x2_scaled(wd & 0xffu), moe_e2m1x2_scaled((wd >> 8) & 0xffu)) +
                          moe_dot4(x4[2 * i + 1], moe_e2m1x2_scaled((wd >> 16) & 0xffu), moe_e2m1x2_scaled(wd >> 24));
     }
-    const auto* s8 = static_cast<const uint8_t*>(w.scales) + g * (w.k / 16) + 2 * c;
-    const float2 gs = moe_e4m3x2(static_cast<uint32_t>(s8[0]) | (static_cast<uint32_t>(s8[1]) << 8));
+    const float2 gs = moe_e4m3x2(scale);
     return half_sum[0] * gs.x + half_sum[1] * gs.y;
   }
 }
@@ -97,16 +118,19 @@ __device__ __forceinline__ float moe_lane_partial(const MoeWeightRef& w, int64_t
   const int lane = threadIdx.x & 31;
   const int chunks = w.k / moe_chunk_cols(F);
   const uint8_t* row = w.codes + r * moe_row_bytes(F, w.k);
+  const uint8_t* scale_row = moe_scale_row<F>(w, r);
   float acc = 0.0f;
 #pragma unroll 4
-  for (int c = lane; c < chunks; c += 32)
-    acc += moe_chunk_dot<F>(w, r, c, __ldg(reinterpret_cast<const uint4*>(row + 16 * static_cast<int64_t>(c))), xs);
+  for (int c = lane; c < chunks; c += 32) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + 16 * static_cast<int64_t>(c)));
+    acc += moe_chunk_dot<F>(c, v, moe_chunk_scale<F>(scale_row, c), xs);
+  }
   return acc;
 }
 
 // moe_lane_partial of N rows at once (row n: r[n] of a for even n, of b for odd n, against
-// xs[n]; one format and one width k), every row's chunk loaded before any is used, so a lane
-// has N reads in flight where N separate calls would wait for one after another
+// xs[n]; one format and one width k), every row's chunk and scale loaded before any is used,
+// so a lane has N reads in flight where N separate calls would wait for one after another
 // (a 512-wide FP8 row is one chunk a lane). Each row's sum runs in the order of moe_lane_partial.
 template <int F, int N>
 __device__ __forceinline__ void moe_lane_partials(const MoeWeightRef& a, const MoeWeightRef& b, const int64_t (&r)[N],
@@ -114,16 +138,25 @@ __device__ __forceinline__ void moe_lane_partials(const MoeWeightRef& a, const M
   const int lane = threadIdx.x & 31;
   const int chunks = a.k / moe_chunk_cols(F);
   const int64_t row_bytes = moe_row_bytes(F, a.k);
+  const uint8_t* row[N];
+  const uint8_t* scale_row[N];
 #pragma unroll
-  for (int n = 0; n < N; ++n) acc[n] = 0.0f;
+  for (int n = 0; n < N; ++n) {
+    acc[n] = 0.0f;
+    row[n] = (n % 2 ? b : a).codes + r[n] * row_bytes;
+    scale_row[n] = moe_scale_row<F>(n % 2 ? b : a, r[n]);
+  }
 #pragma unroll 1
   for (int c = lane; c < chunks; c += 32) {
     uint4 v[N];
+    uint32_t sc[N];
 #pragma unroll
-    for (int n = 0; n < N; ++n)
-      v[n] = __ldg(reinterpret_cast<const uint4*>((n % 2 ? b : a).codes + r[n] * row_bytes + 16 * static_cast<int64_t>(c)));
+    for (int n = 0; n < N; ++n) {
+      v[n] = __ldg(reinterpret_cast<const uint4*>(row[n] + 16 * static_cast<int64_t>(c)));
+      sc[n] = moe_chunk_scale<F>(scale_row[n], c);
+    }
 #pragma unroll
-    for (int n = 0; n < N; ++n) acc[n] += moe_chunk_dot<F>(n % 2 ? b : a, r[n], c, v[n], xs[n]);
+    for (int n = 0; n < N; ++n) acc[n] += moe_chunk_dot<F>(c, v[n], sc[n], xs[n]);
   }
 }
 
