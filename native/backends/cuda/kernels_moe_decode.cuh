@@ -313,9 +313,18 @@ __device__ __forceinline__ float4 moe_row_dot4_any(const MoeWeightRef& a, int64_
     const float2 first = moe_row_dot2_any(a, ra0, b, rb0, xs), second = moe_row_dot2_any(a, ra1, b, rb1, xs);
     return {first.x, first.y, second.x, second.y};
   }
+  // FP8 and NVFP4 take the rows a pair at a time, each row's chunks 4-unrolled
+  // (moe_lane_partial). On the H200 (2026-12-02, bench/RESULTS.md) FP8 through the 4-row,
+  // 1-unrolled form ran the 35B-A3B b1 step ~0.4 ms slower than the earlier one-pair-a-warp
+  // kernel, while NVFP4 in this pairwise form gained ~0.4 ms; the 4-row form with the NVFP4
+  // decode needs ~100 registers (2 blocks an SM, a second wave again).
   switch (a.format) {
-    case kMoeFmtFp8: return moe_row_dot4<kMoeFmtFp8>(a, ra0, ra1, b, rb0, rb1, xs);
-    case kMoeFmtNvfp4: {  // issue-bound decode: two rows at a time keep its registers down
+    case kMoeFmtFp8: {
+      const float2 first = moe_row_dot2<kMoeFmtFp8>(a, ra0, b, rb0, xs);
+      const float2 second = moe_row_dot2<kMoeFmtFp8>(a, ra1, b, rb1, xs);
+      return {first.x, first.y, second.x, second.y};
+    }
+    case kMoeFmtNvfp4: {
       const float2 first = moe_row_dot2<kMoeFmtNvfp4>(a, ra0, b, rb0, xs);
       const float2 second = moe_row_dot2<kMoeFmtNvfp4>(a, ra1, b, rb1, xs);
       return {first.x, first.y, second.x, second.y};
