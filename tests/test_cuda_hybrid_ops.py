@@ -79,7 +79,7 @@ def lanes_layout(lengths, slots):
 
 
 @pytest.mark.parametrize("kernel", [2, 4])
-@pytest.mark.parametrize("lengths", [[1, 1, 1, 1, 1], [3, 1, 70, 130, 2]])
+@pytest.mark.parametrize("lengths", [[1, 1, 1, 1, 1], [2, 64, 5], [3, 1, 70, 130, 2]])
 def test_conv1d_silu_with_state_slots(ops, rng, kernel, lengths):
     channels, num_slots = 200, 8
     slots = rng.permutation(num_slots)[: len(lengths)].tolist()
@@ -224,6 +224,55 @@ def test_gated_delta_rule_over_state_slots(ops, rng, hk, hv, dk, dv, lengths):
         sl = slice(begin, begin + n)
         ref_out, ref_state, ref_history = delta_rule_reference(
             q[sl], k[sl], v[sl], g[sl], beta[sl], before[slot]
+        )
+        check(out[sl], ref_out, rng, 2e-5, f"out of lane in slot {slot}")
+        check(states[slot], ref_state, rng, 2e-5, f"state of slot {slot}")
+        check(history[sl], ref_history, rng, 2e-5, f"per-token states of slot {slot}")
+    for slot in set(range(num_slots)) - set(slots):
+        np.testing.assert_array_equal(states[slot], before[slot], err_msg="an unused slot changed")
+
+
+def softplus(x):
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+@pytest.mark.parametrize(
+    "hk,hv,dk,dv", [(2, 4, 64, 40), (16, 32, 128, 128), (1, 2, 256, 32)], ids=str
+)
+@pytest.mark.parametrize("lengths", [[1, 1, 1], [1, 7, 33]])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gated_delta_rule_prepared_folds_in_the_norms_and_gates(
+    ops, rng, hk, hv, dk, dv, lengths, overlap
+):
+    """The decode form: raw q/k (normalised in the kernel, q by 1/sqrt(dk) too) and raw a/b
+    (beta and g computed in the kernel) against float64 norms, gates and delta rule."""
+    num_slots = 5
+    slots = rng.permutation(num_slots)[: len(lengths)].tolist()
+    seqs, rows = lanes_layout(lengths, slots)
+    q, k = randn(rng, rows, hk, dk, scale=3.0), randn(rng, rows, hk, dk, scale=0.5)
+    v = randn(rng, rows, hv, dv)
+    a, b = randn(rng, rows, hv, scale=2.0), randn(rng, rows, hv, scale=2.0)
+    a[0, 0] = 25.0  # past softplus's threshold
+    A_log, dt_bias = randn(rng, hv, scale=0.5), randn(rng, hv, scale=0.5)
+    states = randn(rng, num_slots, hv, dk, dv, scale=0.5)
+    before = states.copy()
+    out = poisoned(rows, hv, dv)
+    history = poisoned(rows, hv, dk, dv)
+    ops.gated_delta_rule_prepared(
+        q, k, v, a, b, A_log, dt_bias, seqs, states, out, history, overlap=overlap
+    )
+
+    def unit64(x):
+        x = x.astype(np.float64)
+        return x / np.sqrt(np.sum(x**2, axis=-1, keepdims=True) + 1e-6)
+
+    qn, kn = unit64(q) * dk**-0.5, unit64(k)
+    beta = sigmoid(b.astype(np.float64))
+    g = -np.exp(A_log.astype(np.float64)) * softplus(a.astype(np.float64) + dt_bias)
+    for begin, n, slot in seqs:
+        sl = slice(begin, begin + n)
+        ref_out, ref_state, ref_history = delta_rule_reference(
+            qn[sl], kn[sl], v[sl], g[sl], beta[sl], before[slot]
         )
         check(out[sl], ref_out, rng, 2e-5, f"out of lane in slot {slot}")
         check(states[slot], ref_state, rng, 2e-5, f"state of slot {slot}")

@@ -135,8 +135,16 @@ def run(ops, specs, x, top_k, fused=True, path="auto"):
     return ran, out
 
 
-# hidden, experts, ff, shared_ff, top_k: the experts' PER_LANE 1 / 2 / 4 (35B-A3B: 8) routing
-SHAPES = [(256, 16, 64, 96, 4), (256, 64, 64, 64, 8), (256, 128, 32, 128, 8)]
+# hidden, experts, ff, shared_ff, top_k: the experts' PER_LANE 1 / 2 / 4 / 8 (35B-A3B's 256
+# experts: 33 routing blocks a token, the last one scoring only the shared gate) / 16 routing;
+# ff 96 and shared_ff 160 leave whole gate/up blocks (16 rows) idle for the routed experts.
+SHAPES = [
+    (256, 16, 64, 96, 4),
+    (256, 64, 64, 64, 8),
+    (256, 128, 32, 128, 8),
+    (512, 256, 96, 160, 8),
+    (256, 512, 32, 64, 8),  # 16 tokens x 8 = 128 pairs, the fused path's limit
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-e{}-ff{}-s{}-k{}".format(*s))

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -159,6 +160,36 @@ class CudaHybridOps {
       NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the workspace dies here
     } else
       cuda::launch_gated_delta_rule_recurrent(shape, args, sq->seqs(), static_cast<int>(seqs.size()), stream_);
+    od.download();
+    sd.download();
+    if (hd) hd->download();
+  }
+
+  // The decode form (launch_gated_delta_rule_recurrent_prepared): q, k raw [rows, Hk, dk] (the
+  // kernel L2-normalises them, q times 1/sqrt(dk)); a, b [rows, Hv] the raw gate projections;
+  // A_log, dt_bias [Hv]. overlap: launched with programmatic dependent launch.
+  void gated_delta_rule_prepared(py::array q, py::array k, py::array v, py::array a, py::array b, py::array A_log,
+                                 py::array dt_bias, const SeqList& seqs, py::array states, py::array out,
+                                 std::optional<py::array> history, bool overlap) {
+    if (q.ndim() != 3 || v.ndim() != 3 || states.ndim() != 4 || a.ndim() != 2 || b.ndim() != 2)
+      throw py::value_error("bad ranks");
+    const GdnDims shape{static_cast<int32_t>(q.shape(1)), static_cast<int32_t>(v.shape(1)),
+                        static_cast<int32_t>(q.shape(2)), static_cast<int32_t>(v.shape(2))};
+    F32 qd(q, "q", stream_), kd(k, "k", stream_), vd(v, "v", stream_), ad(a, "a", stream_), bd(b, "b", stream_),
+        Ad(A_log, "A_log", stream_), dd(dt_bias, "dt_bias", stream_), sd(states, "states", stream_),
+        od(out, "out", stream_);
+    std::unique_ptr<F32> hd;
+    if (history) hd = std::make_unique<F32>(*history, "history", stream_);
+    const int64_t state_floats = states.size() / states.shape(0);
+    auto [sq, max_tokens] =
+        upload_seqs(seqs, nullptr, 0, sd.get(), state_floats, hd ? hd->get() : nullptr, state_floats, true);
+    (void)max_tokens;
+    const cuda::DeltaRuleArgs args{qd.get(), kd.get(), q.shape(1) * q.shape(2), vd.get(), v.shape(1) * v.shape(2),
+                                   nullptr, nullptr, od.get(), v.shape(1) * v.shape(2)};
+    const cuda::GdnRawGates gates{bd.get(), b.shape(1), ad.get(), a.shape(1), Ad.get(), dd.get(),
+                                  1.0f / std::sqrt(static_cast<float>(q.shape(2))), 1e-6f};
+    cuda::launch_gated_delta_rule_recurrent_prepared(shape, args, gates, sq->seqs(), static_cast<int>(seqs.size()),
+                                                     overlap, stream_);
     od.download();
     sd.download();
     if (hd) hd->download();
@@ -373,6 +404,9 @@ void bind_cuda_hybrid(py::module_& m) {
       .def("gated_delta_rule", &CudaHybridOps::gated_delta_rule, py::arg("q"), py::arg("k"), py::arg("v"),
            py::arg("g"), py::arg("beta"), py::arg("seqs"), py::arg("states"), py::arg("out"),
            py::arg("history") = std::nullopt, py::arg("chunked") = false)
+      .def("gated_delta_rule_prepared", &CudaHybridOps::gated_delta_rule_prepared, py::arg("q"), py::arg("k"),
+           py::arg("v"), py::arg("a"), py::arg("b"), py::arg("A_log"), py::arg("dt_bias"), py::arg("seqs"),
+           py::arg("states"), py::arg("out"), py::arg("history") = std::nullopt, py::arg("overlap") = false)
       .def("gated_rmsnorm", &CudaHybridOps::gated_rmsnorm, py::arg("x"), py::arg("z"), py::arg("weight"),
            py::arg("eps"), py::arg("out"))
       .def("rmsnorm_zero_centered", &CudaHybridOps::rmsnorm_zero_centered, py::arg("x"), py::arg("weight"),

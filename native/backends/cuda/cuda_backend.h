@@ -253,6 +253,10 @@ class CudaBackend final : public Backend {
       moe_grouped_;
   MetadataSlot gdn_seqs_, moe_plan_;
   DeviceScratch moe_fused_route_, moe_fused_act_, moe_bf16_gate_up_, moe_bf16_down_;
+  // The routing kernel's per-token arrival counters: zeroed when first allocated, left at 0 by
+  // every launch (so a graph replays them as captured).
+  DeviceScratch moe_route_arrivals_;
+  void* moe_route_arrivals_zeroed_ = nullptr;
   // sample_rows: the packed batch and the ids, staged in pinned memory and mirrored on the device
   GrowingBuffer sampling_host_{GrowingBuffer::Where::PinnedHost}, sampling_device_{GrowingBuffer::Where::Device};
   int sample_cluster_blocks_ = 0;

@@ -123,9 +123,18 @@ void CudaBackend::gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weight
   float* beta = gates;
   float* g = gates + rows * hv;
   launch_causal_conv1d_silu(mixed, channels, channels, weights.conv_weight, static_cast<int>(shape.conv_kernel),
-                            seq_dev, n, max_tokens, conv_out, channels, stream_);
-  launch_l2norm_heads(conv_out, channels, rows, shape.key_heads, shape.key_dim,
-                      1.0f / std::sqrt(static_cast<float>(shape.key_dim)), 1e-6f, stream_);
+                            seq_dev, n, max_tokens, conv_out, channels, stream_, overlap_launches_);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(shape.key_dim));
+  if (rounds.empty()) {
+    // Decode and verification: token by token, the q/k norms and the gates inside the rule.
+    const DeltaRuleArgs args{conv_out, conv_out + kw, channels, conv_out + 2 * kw, channels, nullptr, nullptr, out, vw};
+    const GdnRawGates raw{b, hv, a, hv, weights.A_log, weights.dt_bias, q_scale, 1e-6f};
+    launch_gated_delta_rule_recurrent_prepared(dims, args, raw, seq_dev, n, overlap_launches_, stream_);
+    launch_gated_rmsnorm(out, z, rows * hv, shape.value_dim, weights.norm_weight, shape.norm_eps, out, stream_,
+                         overlap_launches_);
+    return;
+  }
+  launch_l2norm_heads(conv_out, channels, rows, shape.key_heads, shape.key_dim, q_scale, 1e-6f, stream_);
   launch_l2norm_heads(conv_out + kw, channels, rows, shape.key_heads, shape.key_dim, 1.0f, 1e-6f, stream_);
   launch_gdn_gates(b, hv, a, hv, rows, hv, weights.A_log, weights.dt_bias, beta, g, stream_);
   const DeltaRuleArgs args{conv_out, conv_out + kw, channels, conv_out + 2 * kw, channels, g, beta, out, vw};

@@ -94,10 +94,18 @@ bool CudaBackend::moe_mlp_fused(const float* x, int64_t tokens, int64_t hidden, 
   if (dry()) return true;
   activate();
   const int64_t pairs = tokens * experts.top_k;
-  auto* route = scratch_of<float>(moe_fused_route_, 2 * pairs + tokens, stream_);
+  auto* route = scratch_of<float>(moe_fused_route_, 2 * pairs + tokens + tokens * experts.num_experts, stream_);
   job.expert_ids = reinterpret_cast<int32_t*>(route);
   job.route_weights = route + pairs;
   job.shared_gate_logit = gated ? route + 2 * pairs : nullptr;
+  job.route_logits = route + 2 * pairs + tokens;
+  // One fixed size (the kernels' token limit), so the counters never move once zeroed.
+  auto* arrivals = scratch_of<uint32_t>(moe_route_arrivals_, kMoeDecodeMaxTokens, stream_);
+  if (arrivals != moe_route_arrivals_zeroed_) {
+    NINFER_CUDA_CHECK(cudaMemsetAsync(arrivals, 0, kMoeDecodeMaxTokens * sizeof(uint32_t), stream_));
+    moe_route_arrivals_zeroed_ = arrivals;
+  }
+  job.route_arrivals = arrivals;
   job.act = scratch_of<float>(moe_fused_act_, static_cast<int64_t>(moe_decode_act_floats(job)), stream_);
   launch_moe_decode_route(job, overlap_launches_, stream_);
   launch_moe_decode_gate_up(job, overlap_launches_, stream_);

@@ -12,11 +12,16 @@ inline constexpr int kConvTokensPerBlock = 64;
 
 // Grid (channel tiles, sequences, token tiles). Each thread owns one channel of one token tile
 // and slides a window of the K-1 previous inputs (from x, or from the carried state before the
-// sequence's first row). Reads of x and state only: the state update is a second kernel.
-template <int K>
+// sequence's first row). With several token tiles a later tile reads the old state too, so the
+// state update is a second kernel; UPDATE_STATE (one token tile: every sequence's rows of a
+// channel belong to one thread, which has read its old state rows first) writes the new state
+// here instead. May overlap the previous kernel (programmatic dependent launch).
+template <int K, bool UPDATE_STATE>
 __global__ void causal_conv1d_silu(const float* __restrict__ x, int64_t x_stride, int64_t channels,
                                    const float* __restrict__ weight, const GdnSeq* __restrict__ seqs,
                                    float* __restrict__ out, int64_t out_stride) {
+  allow_dependent_launch();
+  wait_for_prerequisite_grids();
   const int64_t c = blockIdx.x * int64_t(kConvChannelsPerBlock) + threadIdx.x;
   const GdnSeq seq = seqs[blockIdx.y];
   const int t0 = blockIdx.z * kConvTokensPerBlock;
@@ -44,6 +49,11 @@ __global__ void causal_conv1d_silu(const float* __restrict__ x, int64_t x_stride
     }
 #pragma unroll
     for (int j = 0; j < K - 1; ++j) window[j] = window[j + 1];
+  }
+  if constexpr (UPDATE_STATE) {  // window[r]: input position num_tokens - (K-1) + r (x or old state)
+    float* st = seq.conv_state;
+#pragma unroll
+    for (int r = 0; r < K - 1; ++r) st[r * channels + c] = window[r];
   }
 }
 
@@ -101,9 +111,17 @@ inline constexpr int kDeltaRuleCols = 8;  // state columns per block
 //   S <- exp(g) S;  kv = S^T k;  delta = beta (v - kv);  S <- S + k delta^T;  o = S^T q
 // with the dk sums reduced by shuffles within a warp and across the 4 warps through shared
 // memory (three barriers a token).
-template <int ROWS>
+//
+// PREPARED (decode): q and k arrive raw (the conv's output) and the gates as the raw a/b
+// projections; the kernel L2-normalises q (times gates.q_scale) and k per token and computes
+// beta and g itself, with the same arithmetic as l2norm_heads and gdn_gates (three launches
+// fewer a GDN layer). May overlap the previous kernel (programmatic dependent launch).
+template <int ROWS, bool PREPARED>
 __global__ void __launch_bounds__(128) gated_delta_rule_recurrent(GdnDims shape, DeltaRuleArgs args,
-                                                                  const GdnSeq* __restrict__ seqs) {
+                                                                  const GdnSeq* __restrict__ seqs,
+                                                                  GdnRawGates gates) {
+  allow_dependent_launch();
+  wait_for_prerequisite_grids();
   constexpr int kDk = 16 * ROWS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c = lane & 7;
@@ -136,8 +154,14 @@ __global__ void __launch_bounds__(128) gated_delta_rule_recurrent(GdnDims shape,
       }
     }
     vn = args.v[row * args.v_stride + static_cast<int64_t>(h) * dv + col];
-    gn = args.g[row * hv + h];
-    bn = args.beta[row * hv + h];
+    if constexpr (PREPARED) {
+      bn = 1.0f / (1.0f + expf(-gates.b[row * gates.b_stride + h]));
+      const float sp = gates.a[row * gates.a_stride + h] + gates.dt_bias[h];
+      gn = -expf(gates.A_log[h]) * (sp > 20.0f ? sp : log1pf(expf(sp)));
+    } else {
+      gn = args.g[row * hv + h];
+      bn = args.beta[row * hv + h];
+    }
   };
   if (seq.num_tokens > 0) load(0);
   for (int t = 0; t < seq.num_tokens; ++t) {
@@ -153,11 +177,29 @@ __global__ void __launch_bounds__(128) gated_delta_rule_recurrent(GdnDims shape,
     const float v = vn, decay = expf(gn), beta = bn;
     __syncthreads();
     if (t + 1 < seq.num_tokens) load(t + 1);
+    float kr[ROWS], qr[ROWS];
+    float inv_q = 1.0f, inv_k = 1.0f;
+    if constexpr (PREPARED) {  // every warp sums the head itself (l2norm_heads' order): no barrier
+      float sq = 0.0f, sk = 0.0f;
+      for (int i = lane; i < kDk; i += 32) {
+        sq += qs[i] * qs[i];
+        sk += ks[i] * ks[i];
+      }
+      sq = warp_sum(sq);
+      sk = warp_sum(sk);
+      inv_q = gates.q_scale * rsqrtf(sq + gates.eps);
+      inv_k = rsqrtf(sk + gates.eps);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      kr[r] = PREPARED ? ks[row0 + r] * inv_k : ks[row0 + r];
+      qr[r] = PREPARED ? qs[row0 + r] * inv_q : qs[row0 + r];
+    }
     float kv = 0.0f;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       s[r] *= decay;
-      kv += s[r] * ks[row0 + r];
+      kv += s[r] * kr[r];
     }
     kv += __shfl_xor_sync(0xffffffffu, kv, 8);
     kv += __shfl_xor_sync(0xffffffffu, kv, 16);
@@ -167,8 +209,8 @@ __global__ void __launch_bounds__(128) gated_delta_rule_recurrent(GdnDims shape,
     float o = 0.0f;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      s[r] += ks[row0 + r] * delta;
-      o += s[r] * qs[row0 + r];
+      s[r] += kr[r] * delta;
+      o += s[r] * qr[r];
     }
     o += __shfl_xor_sync(0xffffffffu, o, 8);
     o += __shfl_xor_sync(0xffffffffu, o, 16);

@@ -24,6 +24,7 @@ template <bool ZERO_CENTERED, bool GATED>
 __global__ void row_norm(const float* x, int64_t x_stride, const float* __restrict__ z, int64_t dim,
                          const float* __restrict__ weight, float eps, float* out, int64_t out_stride) {
   allow_dependent_launch();  // the next GEMV (GDN out_proj) may start streaming its weights
+  wait_for_prerequisite_grids();  // when launched overlapping the delta rule
   __shared__ float scratch[32];
   const float* xr = x + blockIdx.x * x_stride;
   float* yr = out + blockIdx.x * out_stride;

@@ -9,6 +9,7 @@
 #include "backends/cuda/kernels_gdn_chunk_prepare.cuh"
 #include "backends/cuda/kernels_gdn_chunk_scan.cuh"
 #include "backends/cuda/kernels_hybrid.cuh"
+#include "backends/cuda/launch_overlapped.h"
 #include "backends/cuda/launchers_hybrid.h"
 
 namespace ninfer::cuda {
@@ -25,12 +26,17 @@ int norm_threads(int64_t dim) { return dim >= 2048 ? 1024 : (dim >= 512 ? 256 : 
 
 template <int K>
 void conv_for(const float* x, int64_t x_stride, int64_t channels, const float* weight, const GdnSeq* seqs,
-              int num_seqs, int max_tokens, float* out, int64_t out_stride, cudaStream_t stream) {
+              int num_seqs, int max_tokens, float* out, int64_t out_stride, cudaStream_t stream, bool overlap) {
   const unsigned int tiles = blocks_of(channels, kernels::kConvChannelsPerBlock);
-  const dim3 grid(tiles, static_cast<unsigned int>(num_seqs),
-                  static_cast<unsigned int>((max_tokens + kernels::kConvTokensPerBlock - 1) /
-                                            kernels::kConvTokensPerBlock));
-  kernels::causal_conv1d_silu<K><<<grid, kernels::kConvChannelsPerBlock, 0, stream>>>(
+  const auto token_tiles =
+      static_cast<unsigned int>((max_tokens + kernels::kConvTokensPerBlock - 1) / kernels::kConvTokensPerBlock);
+  const dim3 grid(tiles, static_cast<unsigned int>(num_seqs), token_tiles);
+  if (token_tiles == 1) {  // decode, verification: the state update inside the conv
+    launch_overlapped(overlap, grid, dim3(kernels::kConvChannelsPerBlock), 0, stream,
+                      kernels::causal_conv1d_silu<K, true>, x, x_stride, channels, weight, seqs, out, out_stride);
+    return;
+  }
+  kernels::causal_conv1d_silu<K, false><<<grid, kernels::kConvChannelsPerBlock, 0, stream>>>(
       x, x_stride, channels, weight, seqs, out, out_stride);
   NINFER_CUDA_CHECK_LAUNCH();
   kernels::conv_state_update<K><<<dim3(tiles, static_cast<unsigned int>(num_seqs)), kernels::kConvChannelsPerBlock, 0,
@@ -48,13 +54,19 @@ bool gdn_shape_supported(const GdnDims& s) {
 
 void launch_causal_conv1d_silu(const float* x, int64_t x_stride, int64_t channels, const float* weight, int kernel,
                                const GdnSeq* seqs, int num_seqs, int max_tokens, float* out, int64_t out_stride,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool overlap) {
   if (num_seqs <= 0 || max_tokens <= 0 || channels <= 0) return;
   if (x == out) throw std::invalid_argument("causal_conv1d_silu (CUDA): out must not alias x");
   switch (kernel) {
-    case 2: conv_for<2>(x, x_stride, channels, weight, seqs, num_seqs, max_tokens, out, out_stride, stream); break;
-    case 3: conv_for<3>(x, x_stride, channels, weight, seqs, num_seqs, max_tokens, out, out_stride, stream); break;
-    case 4: conv_for<4>(x, x_stride, channels, weight, seqs, num_seqs, max_tokens, out, out_stride, stream); break;
+    case 2:
+      conv_for<2>(x, x_stride, channels, weight, seqs, num_seqs, max_tokens, out, out_stride, stream, overlap);
+      break;
+    case 3:
+      conv_for<3>(x, x_stride, channels, weight, seqs, num_seqs, max_tokens, out, out_stride, stream, overlap);
+      break;
+    case 4:
+      conv_for<4>(x, x_stride, channels, weight, seqs, num_seqs, max_tokens, out, out_stride, stream, overlap);
+      break;
     default: throw std::invalid_argument("causal_conv1d_silu (CUDA): kernel size " + std::to_string(kernel) +
                                          " is not supported (2..4)");
   }
@@ -86,12 +98,34 @@ void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs
                                 std::to_string(shape.value_dim) + " not supported (key_dim 64/128/256, value_dim % 8)");
   const dim3 grid(static_cast<unsigned int>(shape.value_dim / kernels::kDeltaRuleCols),
                   static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(num_seqs));
+  const GdnRawGates none{};
   switch (shape.key_dim) {
-    case 64: kernels::gated_delta_rule_recurrent<4><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
-    case 128: kernels::gated_delta_rule_recurrent<8><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
-    default: kernels::gated_delta_rule_recurrent<16><<<grid, 128, 0, stream>>>(shape, args, seqs); break;
+    case 64: kernels::gated_delta_rule_recurrent<4, false><<<grid, 128, 0, stream>>>(shape, args, seqs, none); break;
+    case 128: kernels::gated_delta_rule_recurrent<8, false><<<grid, 128, 0, stream>>>(shape, args, seqs, none); break;
+    default: kernels::gated_delta_rule_recurrent<16, false><<<grid, 128, 0, stream>>>(shape, args, seqs, none); break;
   }
   NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gated_delta_rule_recurrent_prepared(const GdnDims& shape, const DeltaRuleArgs& args,
+                                                const GdnRawGates& gates, const GdnSeq* seqs, int num_seqs,
+                                                bool overlap, cudaStream_t stream) {
+  if (num_seqs <= 0) return;
+  if (!gdn_shape_supported(shape))
+    throw std::invalid_argument("gated delta rule (CUDA): key_dim " + std::to_string(shape.key_dim) + " / value_dim " +
+                                std::to_string(shape.value_dim) + " not supported (key_dim 64/128/256, value_dim % 8)");
+  if (!gates.a || !gates.b || !gates.A_log || !gates.dt_bias)
+    throw std::invalid_argument("gated delta rule (CUDA): the prepared form needs a, b, A_log and dt_bias");
+  const dim3 grid(static_cast<unsigned int>(shape.value_dim / kernels::kDeltaRuleCols),
+                  static_cast<unsigned int>(shape.value_heads), static_cast<unsigned int>(num_seqs));
+  auto launch = [&](auto kernel) {
+    launch_overlapped(overlap, grid, dim3(128), 0, stream, kernel, shape, args, seqs, gates);
+  };
+  switch (shape.key_dim) {
+    case 64: launch(kernels::gated_delta_rule_recurrent<4, true>); break;
+    case 128: launch(kernels::gated_delta_rule_recurrent<8, true>); break;
+    default: launch(kernels::gated_delta_rule_recurrent<16, true>); break;
+  }
 }
 
 bool gdn_chunked_supported(const GdnDims& s) {
@@ -187,11 +221,10 @@ void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& 
 }
 
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
-                          float* out, cudaStream_t stream) {
+                          float* out, cudaStream_t stream, bool overlap) {
   if (rows <= 0) return;
-  kernels::row_norm<false, true><<<static_cast<unsigned int>(rows), norm_threads(dim), 0, stream>>>(
-      x, dim, z, dim, weight, eps, out, dim);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_overlapped(overlap, dim3(static_cast<unsigned int>(rows)), dim3(norm_threads(dim)), 0, stream,
+                    kernels::row_norm<false, true>, x, dim, z, dim, weight, eps, out, dim);
 }
 
 void launch_rmsnorm_zero_centered(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,

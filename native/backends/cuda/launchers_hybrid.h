@@ -38,9 +38,11 @@ bool gdn_shape_supported(const GdnDims& shape);
 // cpu::causal_conv1d_silu): each sequence's conv_state is read, then updated to its last
 // kernel-1 input rows. `out` must not alias `x`. kernel 2..4. max_tokens: the largest
 // num_tokens of the sequences (sizes the grid).
+// overlap: launched overlapping the previous kernel (launch_overlapped.h); with max_tokens <=
+// 64 the conv and the state update are one launch.
 void launch_causal_conv1d_silu(const float* x, int64_t x_stride, int64_t channels, const float* weight, int kernel,
                                const GdnSeq* seqs, int num_seqs, int max_tokens, float* out, int64_t out_stride,
-                               cudaStream_t stream);
+                               cudaStream_t stream, bool overlap = false);
 
 // In place per head: x <- scale * x * rsqrt(sum x^2 + eps); x is [tokens, heads, head_dim] with
 // row stride `row_stride` floats.
@@ -70,6 +72,24 @@ struct DeltaRuleArgs {
 void launch_gated_delta_rule_recurrent(const GdnDims& shape, const DeltaRuleArgs& args, const GdnSeq* seqs,
                                        int num_seqs, cudaStream_t stream);
 
+// The raw gate inputs of launch_gated_delta_rule_recurrent_prepared.
+struct GdnRawGates {
+  const float* b = nullptr;  // [rows, Hv] at b_stride: beta = sigmoid(b)
+  int64_t b_stride = 0;
+  const float* a = nullptr;  // [rows, Hv] at a_stride: g = -exp(A_log) * softplus(a + dt_bias)
+  int64_t a_stride = 0;
+  const float* A_log = nullptr;
+  const float* dt_bias = nullptr;
+  float q_scale = 1.0f;  // q's L2 norm is scaled by this (1/sqrt(key_dim))
+  float eps = 1e-6f;     // of both L2 norms
+};
+// The same rule with launch_l2norm_heads (q: scale gates.q_scale, k: 1) and launch_gdn_gates
+// folded in: args.q / args.k are the raw conv outputs (left unchanged), args.g / args.beta are
+// ignored. Decode and verification steps (no chunked slices) run this one launch.
+void launch_gated_delta_rule_recurrent_prepared(const GdnDims& shape, const DeltaRuleArgs& args,
+                                                const GdnRawGates& gates, const GdnSeq* seqs, int num_seqs,
+                                                bool overlap, cudaStream_t stream);
+
 // The chunked form (chunks of 64 tokens, spec §3.1) of the same rule, for prefill: same results
 // up to the bf16 rounding of the tensor-core operands (relative ~3e-3; fp32 state and
 // accumulation), far fewer sequential steps for long sequences. Ignores ssm_history (use the recurrent form for slices that need
@@ -95,7 +115,7 @@ void launch_gdn_chunk_scan(const GdnDims& shape, const DeltaRuleArgs& args, cons
 
 // out = w * (x * rsqrt(mean(x^2) + eps)) * silu(z) per row of dim floats (out may be x).
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
-                          float* out, cudaStream_t stream);
+                          float* out, cudaStream_t stream, bool overlap = false);
 
 // out = x * rsqrt(mean(x^2) + eps) * (1 + weight) per row of dim floats, with row strides.
 void launch_rmsnorm_zero_centered(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,

@@ -12,7 +12,7 @@ namespace ninfer::cuda {
 namespace {
 
 using kernels::kMoeDecodeWarps;
-using kernels::kMoeRouteCluster;
+using kernels::kMoeGateUpRowsPerBlock;
 
 // Dynamic shared memory the kernels may ask for (opted into once per kernel).
 constexpr size_t kMaxSmem = 160 * 1024;
@@ -26,12 +26,12 @@ bool weight_ok(const MoeWeightRef& w, int32_t k) {
   return true;
 }
 
-int route_rows_per_block(const MoeDecodeJob& job) {
+int route_blocks(const MoeDecodeJob& job) {
   const int rows = job.num_experts + (job.shared_gate_row.codes ? 1 : 0);
-  return (rows + kMoeRouteCluster - 1) / kMoeRouteCluster;
+  return (rows + kMoeDecodeWarps - 1) / kMoeDecodeWarps;
 }
 
-size_t route_smem(const MoeDecodeJob& job) { return (size_t(job.hidden) + route_rows_per_block(job)) * 4; }
+size_t route_smem(const MoeDecodeJob& job) { return size_t(job.hidden) * 4; }
 size_t gate_up_smem(const MoeDecodeJob& job) { return size_t(job.hidden) * 4; }
 size_t down_smem(const MoeDecodeJob& job) { return (size_t(job.top_k) * job.ff + job.shared_ff) * 4; }
 
@@ -49,14 +49,15 @@ void launch_route(const MoeDecodeJob& job, bool overlap, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  launch_overlapped(overlap, dim3(static_cast<unsigned int>(job.tokens * kMoeRouteCluster)), dim3(kThreads),
-                    route_smem(job), stream, kernels::moe_decode_route<PER_LANE>, job);
+  launch_overlapped(overlap, dim3(static_cast<unsigned int>(route_blocks(job)), static_cast<unsigned int>(job.tokens)),
+                    dim3(kThreads), route_smem(job), stream, kernels::moe_decode_route<PER_LANE>, job);
 }
 
 }  // namespace
 
 bool moe_decode_supported(const MoeDecodeJob& job) {
-  if (job.tokens <= 0 || job.tokens > 4096 || job.hidden <= 0 || job.ff <= 0 || job.shared_ff < 0) return false;
+  if (job.tokens <= 0 || job.tokens > kMoeDecodeMaxTokens || job.hidden <= 0 || job.ff <= 0 || job.shared_ff < 0)
+    return false;
   if (job.num_experts < 1 || job.num_experts > 512 || job.top_k < 1 || job.top_k > 32 || job.top_k > job.num_experts)
     return false;
   if (!weight_ok(job.gate_up, job.hidden) || !weight_ok(job.down, job.ff)) return false;
@@ -65,7 +66,7 @@ bool moe_decode_supported(const MoeDecodeJob& job) {
   if (job.shared_ff > 0 && !(weight_ok(job.shared_gate, job.hidden) && weight_ok(job.shared_up, job.hidden) &&
                              weight_ok(job.shared_down, job.shared_ff)))
     return false;
-  if (int64_t(job.tokens) * job.top_k + job.tokens > 65535) return false;
+  if (int64_t(job.tokens) * job.top_k + job.tokens > 65535) return false;  // grid.y of gate_up (route: tokens)
   return route_smem(job) <= kMaxSmem && gate_up_smem(job) <= kMaxSmem && down_smem(job) <= kMaxSmem;
 }
 
@@ -74,8 +75,10 @@ size_t moe_decode_act_floats(const MoeDecodeJob& job) {
 }
 
 void launch_moe_decode_route(const MoeDecodeJob& job, bool overlap, cudaStream_t stream) {
-  if (!job.router.codes || !job.expert_ids || !job.route_weights)
-    throw std::invalid_argument("moe_decode_route: needs the router weight and the id/weight outputs");
+  if (!job.router.codes || !job.expert_ids || !job.route_weights || !job.route_logits || !job.route_arrivals)
+    throw std::invalid_argument(
+        "moe_decode_route: needs the router weight, the id/weight outputs, the logit scratch and the arrival "
+        "counters");
   const int per_lane = (job.num_experts + 31) / 32;
   if (per_lane <= 1) launch_route<1>(job, overlap, stream);
   else if (per_lane <= 2) launch_route<2>(job, overlap, stream);
@@ -91,7 +94,7 @@ void launch_moe_decode_gate_up(const MoeDecodeJob& job, bool overlap, cudaStream
   }();
   (void)configured;
   const int rows = std::max(job.ff, job.shared_ff);
-  const dim3 grid((rows + kMoeDecodeWarps - 1) / kMoeDecodeWarps,
+  const dim3 grid((rows + kMoeGateUpRowsPerBlock - 1) / kMoeGateUpRowsPerBlock,
                   job.tokens * job.top_k + (job.shared_ff > 0 ? job.tokens : 0));
   launch_overlapped(overlap, grid, dim3(kThreads), gate_up_smem(job), stream, kernels::moe_decode_gate_up, job);
 }

@@ -1,7 +1,8 @@
 // Host entry points of the fused decode MoE kernels (kernels_moe_decode.cuh): the whole sparse
 // MoE MLP of a decode batch in three launches, over expert weights in their stored format
 // (bf16, FP8 with 128x128 block scales, NVFP4 with per-16 e4m3 and per-row f32 scales):
-//   1. route:   router GEMV (+ the shared expert's gate row) and softmax / top-k / renormalise;
+//   1. route:   router GEMV (+ the shared expert's gate row) spread over ~(experts / 8) blocks a
+//               token, then softmax / top-k / renormalise in the token's last block;
 //   2. gate_up: every selected expert's gate and up rows and the shared expert's, SiLU(g)·u;
 //   3. down:    every selected expert's down rows, weighted by its routing weight and summed in
 //               slot order, plus sigmoid(shared gate) times the shared expert's down rows.
@@ -14,6 +15,8 @@
 #include <cstdint>
 
 namespace ninfer::cuda {
+
+inline constexpr int32_t kMoeDecodeMaxTokens = 4096;  // tokens a job may have (moe_decode_supported)
 
 enum class MoeWeightFormat : int32_t { BF16 = 0, FP8 = 1, NVFP4 = 2 };
 
@@ -40,6 +43,8 @@ struct MoeDecodeJob {
   int32_t* expert_ids = nullptr;      // [tokens, top_k]
   float* route_weights = nullptr;     // [tokens, top_k]
   float* shared_gate_logit = nullptr; // [tokens]
+  float* route_logits = nullptr;      // scratch [tokens, experts] (route only)
+  uint32_t* route_arrivals = nullptr; // [tokens], all 0 before the first route launch; each launch leaves them 0
   // Routed experts: gate_up [E·2ff, hidden] (gate rows then up rows per expert), down [E·hidden, ff].
   MoeWeightRef gate_up, down;
   int32_t ff = 0;
