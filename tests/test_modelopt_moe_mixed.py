@@ -39,7 +39,10 @@ def modelopt_mixed_moe_release(folder: Path) -> tuple[Path, dict[str, str]]:
         "qwen3_5_moe",
         overrides=dict(
             hidden_size=128,
-            head_dim=64,  # a width the CUDA attention takes, for the GPU twin of this test
+            # widths the CUDA attention and GDN take, for the GPU twin of this test
+            head_dim=64,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
             moe_intermediate_size=64,
             shared_expert_intermediate_size=96,
             vocab_size=512,
