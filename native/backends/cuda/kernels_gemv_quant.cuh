@@ -94,6 +94,36 @@ __device__ __forceinline__ int fp8_scale_index(const QuantGemvJob& job, int row,
   return ((g / job.group_rows) * row_blocks + (g % job.group_rows) / 128) * col_blocks + unit;
 }
 
+// The end of a quantized GEMV block: the warps' accumulators (the mma layout, kRowTiles tiles
+// of 8 rows) meet in shared memory and are added in warp order, then scaled (by `unscale`, a
+// power of two, then the NVFP4 row scale), biased and stored (or added) for the x rows
+// n < min(m, kXRows) of the tile that starts at row0.
+template <bool kNvfp4, int kRowTiles, int kWarps, int kXRows>
+__device__ __forceinline__ void store_quant_tile(const QuantGemvTable& table, const QuantGemvJob& job,
+                                                 const float (&acc)[kRowTiles][4], int row0, int m, float unscale) {
+  constexpr int kTileRows = 8 * kRowTiles, kValues = kRowTiles * 4 * 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __shared__ float partial[kWarps][kValues];
+#pragma unroll
+  for (int t = 0; t < kRowTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][(t * 4 + i) * 32 + lane] = acc[t][i];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kXRows * kTileRows; idx += 32 * kWarps) {
+    const int n = idx / kTileRows, r = idx % kTileRows, row = row0 + r;
+    if (n >= m || row >= job.rows) continue;
+    const int value = accumulator_index(n, r);
+    float sum = partial[0][value];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) sum += partial[w][value];
+    sum *= unscale;
+    if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row];
+    if (job.bias) sum += job.bias[row];
+    float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
+    *out = table.accumulate ? *out + sum : sum;
+  }
+}
+
 template <bool kNvfp4, int kRowTiles, int kWarps, bool kWide, bool kPipelined>
 __global__ void __launch_bounds__(32 * kWarps)
     gemv_quant_block_split(const QuantGemvTable table, const float* __restrict__ x, int m, int k) {
@@ -229,25 +259,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   if (!waited) wait_for_prerequisite_grids();
 
-  constexpr int kValues = kRowTiles * 4 * 32;
-  __shared__ float partial[kWarps][kValues];
-#pragma unroll
-  for (int t = 0; t < kRowTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][(t * 4 + i) * 32 + lane] = acc[t][i];
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < 16 * kTileRows; idx += 32 * kWarps) {
-    const int n = idx / kTileRows, r = idx % kTileRows, row = row0 + r;
-    if (n >= m || row >= job.rows) continue;
-    const int value = accumulator_index(n, r);
-    float sum = partial[0][value];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) sum += partial[w][value];
-    if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row];
-    if (job.bias) sum += job.bias[row];
-    float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
-    *out = table.accumulate ? *out + sum : sum;
-  }
+  store_quant_tile<kNvfp4, kRowTiles, kWarps, 16>(table, job, acc, row0, m, 1.0f);
 }
 
 // out[r, c] = bf16 of the dequantized weight (rows [0, rows) of the job's weight), one thread

@@ -193,25 +193,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
   }
   if (!waited) wait_for_prerequisite_grids();
 
-  constexpr int kValues = kRowTiles * 4 * 32;
-  __shared__ float partial[kWarps][kValues];
-#pragma unroll
-  for (int t = 0; t < kRowTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][(t * 4 + i) * 32 + lane] = acc[t][i];
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < 16 * Shape::kTileRows; idx += Shape::kThreads) {
-    const int n = idx / Shape::kTileRows, r = idx % Shape::kTileRows, row = row0 + r;
-    if (n >= m || row >= job.rows) continue;
-    const int value = accumulator_index(n, r);
-    float sum = partial[0][value];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) sum += partial[w][value];
-    if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row] * kSectorsNvfp4Unscale;
-    if (job.bias) sum += job.bias[row];
-    float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
-    *out = table.accumulate ? *out + sum : sum;
-  }
+  store_quant_tile<kNvfp4, kRowTiles, kWarps, 16>(table, job, acc, row0, m, kNvfp4 ? kSectorsNvfp4Unscale : 1.0f);
 }
 
 }  // namespace ninfer::cuda::kernels

@@ -212,26 +212,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     if (first_unit + kWarps * kUnroll < units) load_batch(first_unit + kWarps * kUnroll, raw);
   }
 
-  constexpr int kValues = kRowTiles * 4 * 32;
-  __shared__ float partial[kWarps][kValues];
-#pragma unroll
-  for (int t = 0; t < kRowTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][(t * 4 + i) * 32 + lane] = acc[t][i];
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < 8 * kTileRows; idx += 32 * kWarps) {
-    const int n = idx / kTileRows, r = idx % kTileRows, row = row0 + r;
-    if (n >= m || row >= job.rows) continue;
-    const int value = accumulator_index(n, r);
-    float sum = partial[0][value];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) sum += partial[w][value];
-    sum *= 1.0f / kStagedXScale;
-    if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row];
-    if (job.bias) sum += job.bias[row];
-    float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
-    *out = table.accumulate ? *out + sum : sum;
-  }
+  store_quant_tile<kNvfp4, kRowTiles, kWarps, 8>(table, job, acc, row0, m, 1.0f / kStagedXScale);
 }
 
 }  // namespace ninfer::cuda::kernels
