@@ -3,7 +3,10 @@
 // One kernel structure (the bf16 GEMV's: 8·RT-row tiles, weights as the mma B operand, warps
 // interleaved over 128-k units, U units of loads in flight per warp), several ways to turn the
 // codes into mma operands, timed on the 27B decode shapes against a read stream of the same
-// bytes. Built and run by tools/gpu/probes/run_quant_gemv_probe.sh.
+// bytes. Built and run by tools/gpu/probes/run_quant_gemv_probe.sh; the code-to-operand helpers
+// are the kernels' own (kernels_gemv*.cuh) where a kernel uses the same form. FP8 lanes read
+// bytes 16t and 64 + 16t of each 128-byte unit (the sector layout); the first run of
+// 2026-12-02 had the older 32t, 32t + 16 (bench/RESULTS.md compares the two).
 //   FP8 dequantizations:
 //     0 CHAIN  e4m3x2 -> half2 -> float2 -> bf16x2 (what kernels_gemv_quant.cuh does), bf16 mma
 //     1 CVT16  e4m3x2 -> f16x2 in one cvt, f16 mma (x as f16)
@@ -15,6 +18,9 @@
 //     11 INT16 bit placement into f16 (value · 2^-14), f16x2 multiply by group scale · 2^7
 //     12 NONE  raw words as f16 (timing only)
 //     14 INTBF bit placement into bf16 (value · 2^-126), bf16x2 multiply by group scale · 2^119
+#include "backends/cuda/kernels_gemv_quant_sectors.cuh"
+#include "backends/cuda/kernels_gemv_quant_staged.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -44,18 +50,10 @@
 constexpr int kDeq = DEQ;
 constexpr bool kNvfp4 = kDeq >= 10;
 
-__device__ __forceinline__ uint4 ldw(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+using namespace ninfer::cuda::kernels;
+
+__device__ __forceinline__ uint4 ldw(const uint8_t* p) { return load_ahead16(p); }
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return pack_bf16x2(lo, hi); }
 __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -64,34 +62,12 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
 template <bool kF16>
 __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   if constexpr (kF16)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+    mma_m16n8k16_f16_low(d, a0, a2, b0, b1);
   else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+    mma_m16n8k16_bf16(d, a0, 0u, a2, 0u, b0, b1);
 }
-__device__ __forceinline__ uint32_t cvt_e4m3x2_f16x2(uint32_t pair16) {
-  uint32_t r;
-  asm("{ .reg .b16 t; mov.b32 {t, _}, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(pair16));
-  return r;
-}
-__device__ __forceinline__ uint32_t chain_e4m3x2_bf16x2(uint16_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  return pack_bf16(f.x, f.y);
-}
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
+__device__ __forceinline__ uint32_t cvt_e4m3x2_f16x2(uint32_t pair16) { return e4m3x2_to_f16x2(static_cast<uint16_t>(pair16)); }
+__device__ __forceinline__ uint32_t chain_e4m3x2_bf16x2(uint16_t pair) { return e4m3x2_to_bf16x2(pair); }
 
 // One 32-bit word of 4 e4m3 codes -> the B fragment of one mma {b0, b1}, and the physical k
 // order of its x pair registers: xk[j] = which code (0..3) each of the 4 halves (b0.lo, b0.hi,
@@ -104,12 +80,7 @@ __device__ __forceinline__ void fp8_word(uint32_t q, uint32_t& b0, uint32_t& b1)
     b0 = cvt_e4m3x2_f16x2(q);
     b1 = cvt_e4m3x2_f16x2(q >> 16);
   } else if constexpr (kDeq == 2) {
-    // bytes 0, 2 -> b0 (bf16 bits s eeee mmm at 15, 10..4), bytes 1, 3 -> b1; value · 2^-120.
-    const uint32_t lo = ((q << 8) & 0x80008000u) | ((q << 4) & 0x07F007F0u);
-    const uint32_t hi = (q & 0x80008000u) | ((q >> 4) & 0x07F007F0u);
-    constexpr uint32_t k2p120 = 0x7B807B80u;  // bf16 2^120 in both halves
-    b0 = bf16x2_mul(lo, k2p120);
-    b1 = bf16x2_mul(hi, k2p120);
+    e4m3x4_to_bf16_by_bits(q, b0, b1);  // the sector kernel's: bytes 0, 2 -> b0; 1, 3 -> b1
   } else if constexpr (kDeq == 3) {
     // bytes 0, 2 -> b0 (f16 bits s at 15, eeee mmm at 13..7), bytes 1, 3 -> b1; value · 2^-8.
     b0 = ((q << 8) & 0x80008000u) | ((q << 7) & 0x3F803F80u);
@@ -138,28 +109,16 @@ __device__ __forceinline__ void fp8_x(const float4 x, uint32_t& a0, uint32_t& a2
 // (4,5) (6,7) for PERM.
 __device__ __forceinline__ void e2m1_word(uint32_t w, uint32_t scale2, uint32_t (&b)[4]) {
   if constexpr (kDeq == 10) {
-    constexpr uint32_t kHiA = 0x3F3F3F00u, kHiB = 0x40404040u, kLoA = 0xC0800000u, kLoB = 0xC0804000u;
-    const uint32_t sel_lo = w & 0x7777u, sel_hi = (w >> 16) & 0x7777u;
-    const uint32_t h03 = __byte_perm(kHiA, kHiB, sel_lo), l03 = __byte_perm(kLoA, kLoB, sel_lo);
-    const uint32_t h47 = __byte_perm(kHiA, kHiB, sel_hi), l47 = __byte_perm(kLoA, kLoB, sel_hi);
-    const uint32_t w4 = w << 4;
-    const uint32_t s01 = __byte_perm(w4, w, 0x4400u), s23 = __byte_perm(w4, w, 0x5511u);
-    const uint32_t s45 = __byte_perm(w4, w, 0x6622u), s67 = __byte_perm(w4, w, 0x7733u);
-    constexpr uint32_t kSigns = 0x80008000u;
-    b[0] = bf16x2_mul(__byte_perm(l03, h03, 0x5140u) | (s01 & kSigns), scale2);
-    b[1] = bf16x2_mul(__byte_perm(l03, h03, 0x7362u) | (s23 & kSigns), scale2);
-    b[2] = bf16x2_mul(__byte_perm(l47, h47, 0x5140u) | (s45 & kSigns), scale2);
-    b[3] = bf16x2_mul(__byte_perm(l47, h47, 0x7362u) | (s67 & kSigns), scale2);
+    const uint4 v = e2m1x8_to_bf16(w);  // the general kernel's byte-permute tables
+    b[0] = bf16x2_mul(v.x, scale2), b[1] = bf16x2_mul(v.y, scale2);
+    b[2] = bf16x2_mul(v.z, scale2), b[3] = bf16x2_mul(v.w, scale2);
   } else if constexpr (kDeq == 11) {
     b[0] = f16x2_mul(((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u), scale2);
     b[1] = f16x2_mul(((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u), scale2);
     b[2] = f16x2_mul(((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u), scale2);
     b[3] = f16x2_mul(((w >> 3) & 0x0E000E00u) | (w & 0x80008000u), scale2);
   } else if constexpr (kDeq == 14) {
-    b[0] = bf16x2_mul(((w << 6) & 0x01C001C0u) | ((w << 12) & 0x80008000u), scale2);
-    b[1] = bf16x2_mul(((w << 2) & 0x01C001C0u) | ((w << 8) & 0x80008000u), scale2);
-    b[2] = bf16x2_mul(((w >> 2) & 0x01C001C0u) | ((w << 4) & 0x80008000u), scale2);
-    b[3] = bf16x2_mul(((w >> 6) & 0x01C001C0u) | (w & 0x80008000u), scale2);
+    e2m1x8_to_bf16_by_bits(w, scale2, b);  // the sector kernel's
   } else {
     b[0] = w;
     b[1] = w ^ 1u;
@@ -172,13 +131,11 @@ constexpr bool kF16Mma = kDeq == 1 || kDeq == 3 || kDeq == 4 || kDeq == 11 || kD
 // The group scale (e4m3) as the multiplier of e2m1_word, in both halves.
 __device__ __forceinline__ uint32_t group_scale2(uint8_t s) {
   if constexpr (kDeq == 10) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s | (s << 8)), __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    return pack_bf16(f.x, f.y);
+    return e4m3_to_bf16x2_splat(s);
   } else if constexpr (kDeq == 14) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s | (s << 8)), __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    return pack_bf16(f.x * 0x1p119f, f.y * 0x1p119f);
+    uint32_t first, second;
+    group_scales_bf16_2p119(s, first, second);
+    return first;
   } else {
     const uint32_t h = cvt_e4m3x2_f16x2(s | (s << 8));
     return f16x2_mul(h, 0x58005800u);  // · 2^7 (f16 128)

@@ -8,7 +8,7 @@ mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 deqs=${*:-0 1 2 3 4 10 11 12}
 for d in $deqs; do
-  nvcc -O3 -std=c++20 -arch=sm_90a -DDEQ="$d" -o "/tmp/qgp$d" "$here/quant_gemv_probe.cu" >"/tmp/build$d.log" 2>&1 &
+  nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -I"$here/../../../native" -DDEQ="$d" -o "/tmp/qgp$d" "$here/quant_gemv_probe.cu" >"/tmp/build$d.log" 2>&1 &
 done
 wait
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --format=csv >"$out/probe.txt"
