@@ -345,7 +345,7 @@ class FakeEngine:
             text += " " + " ".join(rng.choice(WORDS) for _ in range(8))
         return self.tokenizer.encode(text, allow_special=False), False
 
-    async def warmup(self) -> None:
+    async def warmup(self, prompt_tokens: int = 1, max_tokens: int = 2) -> None:
         return None
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ from ninfer.server import cli  # noqa: E402
 
 
 class SlowWarmupEngine(FakeEngine):
-    async def warmup(self) -> None:
+    async def warmup(self, prompt_tokens: int = 1, max_tokens: int = 2) -> None:
         await asyncio.sleep(float(os.environ.get("FAKE_WARMUP_S", "0")))
 
 
