@@ -1,6 +1,8 @@
 // Small device helpers shared by the kernel headers.
 #pragma once
 
+#include <climits>
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -32,6 +34,33 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// One step of a warp's top-k over the values p[i] of lane + 32·i (non-negative where they
+// may be chosen): the largest remaining value and its id, the lower id on ties, which is then
+// marked taken (-1) in its lane.
+template <int PER_LANE>
+__device__ __forceinline__ void warp_take_largest(float (&p)[PER_LANE], int lane, float& best, int& best_id) {
+  best = -2.0f;
+  best_id = INT_MAX;
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i)
+    if (p[i] > best) {  // ascending ids within a lane: strict > keeps the lower id on ties
+      best = p[i];
+      best_id = lane + 32 * i;
+    }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oid = __shfl_xor_sync(0xffffffffu, best_id, off);
+    if (ob > best || (ob == best && oid < best_id)) {
+      best = ob;
+      best_id = oid;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i)
+    if (lane + 32 * i == best_id) p[i] = -1.0f;
 }
 
 // Programmatic dependent launch (sm_90). A kernel that calls allow_dependent_launch() lets the

@@ -85,26 +85,9 @@ __global__ void moe_route_softmax_topk(const float* __restrict__ logits, int64_t
   float chosen_sum = 0.0f, my_weight = 0.0f;
   int my_id = 0;
   for (int k = 0; k < top_k; ++k) {
-    float best = -2.0f;
-    int best_id = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i)
-      if (p[i] > best) {  // ascending ids within a lane: strict > keeps the lower id on ties
-        best = p[i];
-        best_id = lane + 32 * i;
-      }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-      const int oid = __shfl_xor_sync(0xffffffffu, best_id, off);
-      if (ob > best || (ob == best && oid < best_id)) {
-        best = ob;
-        best_id = oid;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i == best_id) p[i] = -1.0f;
+    float best;
+    int best_id;
+    warp_take_largest(p, lane, best, best_id);
     const float prob = best / sum;
     chosen_sum += prob;
     if (lane == k) {
