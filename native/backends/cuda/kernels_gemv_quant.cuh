@@ -94,34 +94,54 @@ __device__ __forceinline__ int fp8_scale_index(const QuantGemvJob& job, int row,
   return ((g / job.group_rows) * row_blocks + (g % job.group_rows) / 128) * col_blocks + unit;
 }
 
-// The end of a quantized GEMV block: the warps' accumulators (the mma layout, kRowTiles tiles
-// of 8 rows) meet in shared memory and are added in warp order, then scaled (by `unscale`, a
-// power of two, then the NVFP4 row scale), biased and stored (or added) for the x rows
-// n < min(m, kXRows) of the tile that starts at row0.
+// acc[t] += the 128-k unit's partial sums part[t] times the FP8 block scales of the lane's two
+// accumulator rows (s0: rows of acc[t][0] and [2], s1: of [1] and [3]).
+template <int kRowTiles>
+__device__ __forceinline__ void add_block_scaled(float (&acc)[kRowTiles][4], const float (&part)[kRowTiles][4], int t,
+                                                 float s0, float s1) {
+  acc[t][0] += part[t][0] * s0;
+  acc[t][1] += part[t][1] * s1;
+  acc[t][2] += part[t][2] * s0;
+  acc[t][3] += part[t][3] * s1;
+}
+
+// The outputs of a quantized GEMV tile from its warps' accumulators, already in shared memory
+// as partial[w · kRowTiles·128 + value] (the mma layout): added in warp order, scaled (by
+// `unscale`, a power of two, then the NVFP4 row scale), biased and stored (or added) for the x
+// rows n < min(m, kXRows) of the tile that starts at row0. Threads 0 .. 32·kWarps - 1 share it.
 template <bool kNvfp4, int kRowTiles, int kWarps, int kXRows>
-__device__ __forceinline__ void store_quant_tile(const QuantGemvTable& table, const QuantGemvJob& job,
-                                                 const float (&acc)[kRowTiles][4], int row0, int m, float unscale) {
+__device__ __forceinline__ void write_quant_tile(const QuantGemvTable& table, const QuantGemvJob& job,
+                                                 const float* partial, int row0, int m, float unscale) {
   constexpr int kTileRows = 8 * kRowTiles, kValues = kRowTiles * 4 * 32;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float partial[kWarps][kValues];
-#pragma unroll
-  for (int t = 0; t < kRowTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][(t * 4 + i) * 32 + lane] = acc[t][i];
-  __syncthreads();
   for (int idx = threadIdx.x; idx < kXRows * kTileRows; idx += 32 * kWarps) {
     const int n = idx / kTileRows, r = idx % kTileRows, row = row0 + r;
     if (n >= m || row >= job.rows) continue;
     const int value = accumulator_index(n, r);
-    float sum = partial[0][value];
+    float sum = partial[value];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) sum += partial[w][value];
+    for (int w = 1; w < kWarps; ++w) sum += partial[w * kValues + value];
     sum *= unscale;
     if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row];
     if (job.bias) sum += job.bias[row];
     float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
     *out = table.accumulate ? *out + sum : sum;
   }
+}
+
+// The end of a block-per-tile quantized GEMV: the warps' accumulators meet in shared memory,
+// then write_quant_tile.
+template <bool kNvfp4, int kRowTiles, int kWarps, int kXRows>
+__device__ __forceinline__ void store_quant_tile(const QuantGemvTable& table, const QuantGemvJob& job,
+                                                 const float (&acc)[kRowTiles][4], int row0, int m, float unscale) {
+  constexpr int kValues = kRowTiles * 4 * 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __shared__ float partial[kWarps * kValues];
+#pragma unroll
+  for (int t = 0; t < kRowTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp * kValues + (t * 4 + i) * 32 + lane] = acc[t][i];
+  __syncthreads();
+  write_quant_tile<kNvfp4, kRowTiles, kWarps, kXRows>(table, job, partial, row0, m, unscale);
 }
 
 template <bool kNvfp4, int kRowTiles, int kWarps, bool kWide, bool kPipelined>
@@ -243,10 +263,7 @@ __global__ void __launch_bounds__(32 * kWarps)
         for (int t = 0; t < kRowTiles; ++t) {
           const float s0 = __ldg(scales + fp8_scale_index(job, acc_row[t][0], unit, col_blocks));
           const float s1 = __ldg(scales + fp8_scale_index(job, acc_row[t][1], unit, col_blocks));
-          acc[t][0] += part[t][0] * s0;
-          acc[t][1] += part[t][1] * s1;
-          acc[t][2] += part[t][2] * s0;
-          acc[t][3] += part[t][3] * s1;
+          add_block_scaled(acc, part, t, s0, s1);
         }
       }
     }

@@ -335,10 +335,7 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
         for (int t = 0; t < kRowTiles; ++t) {
           const float s0 = __ldg(scales + fp8_scale_index(job, acc_row[t][0], unit, col_blocks));
           const float s1 = __ldg(scales + fp8_scale_index(job, acc_row[t][1], unit, col_blocks));
-          acc[t][0] += part[t][0] * s0;
-          acc[t][1] += part[t][1] * s1;
-          acc[t][2] += part[t][2] * s0;
-          acc[t][3] += part[t][3] * s1;
+          add_block_scaled(acc, part, t, s0, s1);
         }
       }
     }
@@ -352,19 +349,9 @@ __global__ void __launch_bounds__(RingShape<kNvfp4, kRowTiles>::kThreads)
 #pragma unroll
         for (int i = 0; i < 4; ++i) partial[warp * kValues + (t * 4 + i) * 32 + lane] = acc[t][i];
       consumers_sync<32 * kWarps>();
-      for (int idx = threadIdx.x; idx < 16 * kTileRows; idx += 32 * kWarps) {
-        const int n = idx / kTileRows, r = idx % kTileRows, row = row0 + r;
-        if (n >= m || row >= job.rows) continue;
-        const int value = accumulator_index(n, r);
-        float sum = partial[value];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) sum += partial[w * kValues + value];
-        sum *= 1.0f / kStagedXScale;
-        if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row] * kRingNvfp4Unscale;
-        if (job.bias) sum += job.bias[row];
-        float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
-        *out = table.accumulate ? *out + sum : sum;
-      }
+      // (x · 2^-8 staged; NVFP4 codes · 2^-14): powers of two, so the order of the scalings is exact
+      write_quant_tile<kNvfp4, kRowTiles, kWarps, 16>(table, job, partial, row0, m,
+                                                      (1.0f / kStagedXScale) * (kNvfp4 ? kRingNvfp4Unscale : 1.0f));
       consumers_sync<32 * kWarps>();
     }
   }

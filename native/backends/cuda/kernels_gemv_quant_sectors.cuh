@@ -150,10 +150,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
 #pragma unroll
         for (int t = 0; t < kRowTiles; ++t) {
           const float s0 = __ldg(block_scale_row[t][0] + unit), s1 = __ldg(block_scale_row[t][1] + unit);
-          acc[t][0] += part[t][0] * s0;
-          acc[t][1] += part[t][1] * s1;
-          acc[t][2] += part[t][2] * s0;
-          acc[t][3] += part[t][3] * s1;
+          add_block_scaled(acc, part, t, s0, s1);
         }
       } else {
         uint32_t scale[kRowTiles][2];  // the two group scales of this lane's 32 k, per row tile

@@ -202,10 +202,7 @@ __global__ void __launch_bounds__(32 * kWarps)
         for (int t = 0; t < kRowTiles; ++t) {
           const float s0 = __ldg(scales + fp8_scale_index(job, acc_row[t][0], unit, col_blocks));
           const float s1 = __ldg(scales + fp8_scale_index(job, acc_row[t][1], unit, col_blocks));
-          acc[t][0] += part[t][0] * s0;
-          acc[t][1] += part[t][1] * s1;
-          acc[t][2] += part[t][2] * s0;
-          acc[t][3] += part[t][3] * s1;
+          add_block_scaled(acc, part, t, s0, s1);
         }
       }
     }
