@@ -492,8 +492,6 @@ MOE_CONFIG = {
 def test_quantized_moe_hybrid_equals_its_dequantized_twin(dtype, tmp_path):
     """Stacked experts (block scales restarting per expert, row slices per expert) and the
     GDN projections: the quantized artifact against an f32 artifact of its decoded values."""
-    from ninfer.artifact import ArtifactWriter
-
     quantized = make_random_artifact(
         MOE_CONFIG, tmp_path / "q.ninfer", dtype=dtype, tokenizer="synthetic"
     )
@@ -501,20 +499,7 @@ def test_quantized_moe_hybrid_equals_its_dequantized_twin(dtype, tmp_path):
     assert header.tensors["model.layers.0.mlp.experts.gate_up_proj"]["dtype"] == dtype
     assert header.tensors["model.layers.0.mlp.gate.weight"]["dtype"] == "bf16"  # router
     assert header.tensors["model.layers.0.linear_attn.in_proj_a.weight"]["dtype"] == "bf16"
-    writer = ArtifactWriter(
-        tmp_path / "f32.ninfer",
-        architecture=header.architecture,
-        config=header.config,
-        metadata=header.metadata,
-        tokenizer=header.header["tokenizer"],
-    )
-    for name, entry in header.tensors.items():
-        writer.declare(name, "f32", entry["shape"])
-    writer.add_resource("tokenizer.json", header.resource("tokenizer.json"))
-    writer.begin()
-    for name in header.tensors:
-        writer.write(name, np.ascontiguousarray(header.tensor_f32(name), dtype=np.float32))
-    twin = writer.close()
+    twin = f32_twin(quantized, tmp_path / "f32.ninfer")
     ids = _ids(80)
     a, b = _ours(quantized, ids), _ours(twin, ids)
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * max(np.abs(b).max(), 1.0))
