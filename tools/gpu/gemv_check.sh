@@ -7,6 +7,8 @@
 # against float64, the quantized model against the CPU backend). Everything lands in OUT_DIR.
 #   usage: tools/gpu/gemv_check.sh OUT_DIR
 #   GEMV_BENCH_TIMEOUT / GEMV_TEST_TIMEOUT (s), GEMV_BENCH_ARGS: extra benchmark arguments.
+#   PROBE="1 2 11 14": also run tools/gpu/probes/quant_gemv_probe.cu for those dequantization
+#   forms (while the extension builds), its best tile shape per form and shape in probe_best.txt.
 set -uo pipefail
 out=${1:?usage: tools/gpu/gemv_check.sh OUT_DIR}
 mkdir -p "$out"
@@ -18,7 +20,30 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm --format=csv >"$o
 # shellcheck source=tools/gpu/common.sh
 source tools/gpu/common.sh
 install_wheels
+if [ -n "${PROBE:-}" ]; then
+  # shellcheck disable=SC2086  # PROBE is a word list
+  tools/gpu/probes/run_quant_gemv_probe.sh /tmp/probe $PROBE >/dev/null 2>&1 &
+  probe=$!
+fi
 build_extension "$out/build.log" || exit 1
+if [ -n "${PROBE:-}" ]; then
+  wait "$probe"
+  cp /tmp/probe/probe.txt "$out/probe.txt"
+  python3 - /tmp/probe/probe.txt >"$out/probe_best.txt" <<'PY'
+import sys
+
+best = {}
+for line in open(sys.argv[1]):
+    f = [x.strip() for x in line.split("|")]
+    if len(f) >= 7 and f[3].endswith("us"):
+        key, us = (f[0], f[1]), float(f[3].split()[0])
+        if key not in best or us < best[key][0]:
+            best[key] = (us, f[2], f[5], f[-1])
+for key, v in best.items():
+    print(" | ".join(key), "|", " | ".join(str(x) for x in v))
+PY
+  cat "$out/probe_best.txt"
+fi
 so=$(ls build/gpu/_core*.so)
 cuobjdump -res-usage "$so" 2>/dev/null | grep -A1 "gemv_quant_ring" | grep -oE "REG:[0-9]+ STACK:[0-9]+ SHARED:[0-9]+ LOCAL:[0-9]+" |
   sort | uniq -c >"$out/ring_resources.txt"
