@@ -1,6 +1,7 @@
 // Small device helpers shared by the kernel headers.
 #pragma once
 
+#include <cfloat>
 #include <climits>
 
 #include <cuda_bf16.h>
@@ -34,6 +35,24 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// A warp's router softmax before top-k: p[i] (the logit of expert lane + 32·i, -FLT_MAX past
+// `experts`) becomes exp(p - max) (-1 past `experts`: never chosen); returns the warp's sum.
+template <int PER_LANE>
+__device__ __forceinline__ float warp_softmax_numerators(float (&p)[PER_LANE], int lane, int experts) {
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) mx = fmaxf(mx, p[i]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    p[i] = lane + 32 * i < experts ? expf(p[i] - mx) : -1.0f;  // -1: never chosen
+    sum += fmaxf(p[i], 0.0f);
+  }
+  return warp_sum(sum);
 }
 
 // One step of a warp's top-k over the values p[i] of lane + 32·i (non-negative where they

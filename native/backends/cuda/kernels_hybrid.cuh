@@ -66,22 +66,12 @@ __global__ void moe_route_softmax_topk(const float* __restrict__ logits, int64_t
   if (t >= tokens) return;
   const int lane = threadIdx.x & 31;
   float p[PER_LANE];
-  float mx = -FLT_MAX;
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
     const int e = lane + 32 * i;
     p[i] = e < experts ? logits[t * experts + e] : -FLT_MAX;
-    mx = fmaxf(mx, p[i]);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < PER_LANE; ++i) {
-    p[i] = lane + 32 * i < experts ? expf(p[i] - mx) : -1.0f;  // -1: never chosen
-    sum += fmaxf(p[i], 0.0f);
-  }
-  sum = warp_sum(sum);
+  const float sum = warp_softmax_numerators(p, lane, experts);
   float chosen_sum = 0.0f, my_weight = 0.0f;
   int my_id = 0;
   for (int k = 0; k < top_k; ++k) {

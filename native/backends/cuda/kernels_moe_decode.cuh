@@ -242,22 +242,12 @@ __global__ void __launch_bounds__(kMoeDecodeWarps * 32) moe_decode_route(const M
   __threadfence();
   const float* logits = job.route_logits + static_cast<int64_t>(t) * experts;
   float p[PER_LANE];
-  float mx = -FLT_MAX;
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
     const int e = lane + 32 * i;
     p[i] = e < experts ? __ldcg(logits + e) : -FLT_MAX;  // L2: other blocks wrote them
-    mx = fmaxf(mx, p[i]);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < PER_LANE; ++i) {
-    p[i] = lane + 32 * i < experts ? expf(p[i] - mx) : -1.0f;  // -1: never chosen
-    sum += fmaxf(p[i], 0.0f);
-  }
-  sum = warp_sum(sum);
+  const float sum = warp_softmax_numerators(p, lane, experts);
   float chosen_sum = 0.0f, my_weight = 0.0f;
   int my_id = 0;
   for (int k = 0; k < job.top_k; ++k) {
