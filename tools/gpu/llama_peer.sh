@@ -8,7 +8,8 @@
 #   llama-cpp-src.tar.xz     the pinned source (tools/llama_cpp_build.sh source), built here on
 #                            every core first (timed in OUT_DIR/build.log).
 # The gguf wheel travels in .whl/ as for the other GPU scripts. Writes OUT_DIR/llama_peer.json,
-# llama_peer.md and llama_peer.log.
+# llama_peer.md and llama_peer.log. LLAMA_BUILD_ONLY=1 stops after the build (LLAMA_JOBS, LLAMA_NICE
+# set its parallelism and priority); a later run in the same call finds /tmp/llama-peer/llama-bench.
 set -uo pipefail
 out=${1:?usage: tools/gpu/llama_peer.sh OUT_DIR [llama_peer.py options]}
 shift
@@ -23,7 +24,8 @@ mkdir -p "$work"
 
 # shellcheck source=tools/gpu/common.sh
 source tools/gpu/common.sh
-install_wheels
+# A caller that installed the wheels already (release_check.sh) may be importing from them.
+[[ ":${PYTHONPATH:-}:" == *":/tmp/site:"* ]] || install_wheels
 
 # CUDA 13 runtime and cuBLAS of the image: the toolkit's lib64 or the nvidia-* wheels.
 libdirs=$("$py" - <<'EOF'
@@ -42,7 +44,9 @@ EOF
 )
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-if [ -f "$peer/llama-bench-cuda.tar.xz" ]; then
+if [ -x "$work/llama-bench" ]; then
+  build="CUDA sm_90a, built earlier in this call"
+elif [ -f "$peer/llama-bench-cuda.tar.xz" ]; then
   tar -xJf "$peer/llama-bench-cuda.tar.xz" -C "$work"
   build="CUDA sm_90a, carried binary"
 elif [ -f "$peer/llama-cpp-src.tar.xz" ]; then
@@ -60,7 +64,7 @@ elif [ -f "$peer/llama-cpp-src.tar.xz" ]; then
     -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF \
     -DCMAKE_CUDA_FLAGS="-I$cublas_inc" -DCMAKE_CXX_FLAGS="-I$cublas_inc" &&
-    cmake --build "$work/build" --target llama-bench -j "$(nproc)"; } >"$out/build.log" 2>&1; then
+    nice -n "${LLAMA_NICE:-0}" cmake --build "$work/build" --target llama-bench -j "${LLAMA_JOBS:-$(nproc)}"; } >"$out/build.log" 2>&1; then
     tail -40 "$out/build.log"
     exit 1
   fi
@@ -71,6 +75,7 @@ else
   echo "no $peer/llama-bench-cuda.tar.xz or $peer/llama-cpp-src.tar.xz (tools/llama_cpp_build.sh)"
   exit 1
 fi
+[ "${LLAMA_BUILD_ONLY:-0}" = 1 ] && exit 0
 if ldd "$work/llama-bench" | grep "not found"; then
   echo "llama-bench: libraries missing (searched: $libdirs)"
   exit 1

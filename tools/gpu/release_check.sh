@@ -3,6 +3,9 @@
 # quantized benchmark with the launcher's committed choices (no per-run table), the 35B-A3B
 # quantized decode benchmark, then a short serving table (27B fp8 at c = 16 and 8k, 35B-A3B bf16).
 # Compact results land in OUT_DIR (few files: the device returns at most 8).
+# PEER=1 adds llama.cpp's llama-bench on the 27B shape (tools/gpu/llama_peer.sh; carry .llama-peer/):
+# built from the carried source in the background while the GPU tests run (all but two cores, low
+# priority), run after NInfer's benchmarks; a binary built here comes back split in 15 MiB parts.
 #   usage: tools/gpu/release_check.sh OUT_DIR   (SERVE=0 skips the serving table)
 set -uo pipefail
 out=${1:?usage: tools/gpu/release_check.sh OUT_DIR}
@@ -13,6 +16,12 @@ export PYTHONUNBUFFERED=1
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 status=0
+if [ "${PEER:-0}" = 1 ]; then
+  stamp "llama.cpp build in the background"
+  LLAMA_BUILD_ONLY=1 LLAMA_JOBS=$(($(nproc) - 2)) LLAMA_NICE=15 tools/gpu/llama_peer.sh /tmp/peer-build \
+    >/tmp/peer-build.out 2>&1 &
+  builder=$!
+fi
 stamp "check.sh (build + GPU tests)"
 NINFER_BENCH=none tools/gpu/check.sh "$out/check" >/tmp/check.out 2>&1 || status=1
 tail -40 /tmp/check.out
@@ -38,6 +47,26 @@ if [ "${SERVE:-1}" = 1 ]; then
     status=1
   cat /tmp/st/results_serve.md /tmp/st35/results_serve.md >"$out/serve.md" 2>/dev/null
   tail -30 /tmp/st.log
+fi
+if [ "${PEER:-0}" = 1 ]; then
+  stamp "waiting for the llama.cpp build"
+  wait "$builder" || { status=1; tail -30 /tmp/peer-build.out; }
+  grep "^build:" /tmp/peer-build/build.log
+  stamp "llama.cpp peer"
+  timeout "${PEER_S:-240}" tools/gpu/llama_peer.sh /tmp/peer ${PEER_ARGS:---depths 1024 8192} >/tmp/peer.out 2>&1 ||
+    status=1
+  tail -40 /tmp/peer.out
+  cp /tmp/peer/llama_peer.md "$out/" 2>/dev/null
+  cat /tmp/peer-build/build.log /tmp/peer/llama_peer.log 2>/dev/null | tail -150 >"$out/peer_log.txt"
+  # Room for the binary's parts among the device's 8 returned files.
+  cat "$out/check/machine.txt" "$out/check/build.log" >"$out/check/machine_build.txt" 2>/dev/null &&
+    rm -f "$out/check/machine.txt" "$out/check/build.log"
+  if [ ! -f .llama-peer/llama-bench-cuda.tar.xz ] && [ -x /tmp/llama-peer/llama-bench ]; then
+    mkdir -p /tmp/pack && strip -o /tmp/pack/llama-bench /tmp/llama-peer/llama-bench &&
+      tar -C /tmp/pack -cf - llama-bench | xz -6 -T"$(nproc)" >/tmp/llama-bench-cuda.tar.xz &&
+      split -b 15M -d /tmp/llama-bench-cuda.tar.xz "$out/llama-bench-cuda.tar.xz.part-" &&
+      ls -l /tmp/llama-bench-cuda.tar.xz
+  fi
 fi
 stamp "end (status $status)"
 exit "$status"
