@@ -4,7 +4,7 @@
 //
 // Every product is a warp per output row: lane l reads the row's 16-byte chunks l, l + 32, ...
 // (8 bf16, 16 e4m3 or 32 e2m1 values each), dequantizes them in registers and multiplies them
-// with the activation row staged once per block in shared memory (f32). A lane keeps its
+// with the activation row staged once per block in shared memory (f32, swizzled: moe_xs4). A lane keeps its
 // partial sum of every row it reads, so a down row's k selected experts are one warp reduction.
 // Scales: FP8 multiplies each chunk's partial sum by its 128x128 block scale; NVFP4 multiplies
 // each half chunk (16 values) by its e4m3 group scale and the finished row by its f32 scale
@@ -50,6 +50,27 @@ __device__ __forceinline__ float2 moe_e2m1x2_scaled(uint32_t byte) {
   return __half22float2(*reinterpret_cast<const __half2*>(&bits));
 }
 
+// Activation rows in shared memory: float4 g of a row sits at g ^ ((g >> 3) & 7), each row on a
+// 32-float boundary (moe_xs_stride). A warp reads the float4s of chunks lane, lane + 32, ... (2 a
+// chunk for bf16, 4 for FP8, 8 for NVFP4); in row order the 8 lanes of a 128-bit shared-memory
+// phase land on 4, 2 or 1 of the 8 16-byte bank groups (2-, 4- and 8-way conflicts on every
+// read, the quantized formats' worst), and the XOR spreads each phase over all 8. The values and
+// the order they are summed in are unchanged: bits repeat those of the row-order layout.
+__host__ __device__ constexpr int moe_xs_stride(int n) { return (n + 31) & ~31; }
+
+__device__ __forceinline__ float4 moe_xs4(const float* row, int g) {
+  return reinterpret_cast<const float4*>(row)[g ^ ((g >> 3) & 7)];
+}
+
+// rows x n floats from src (row-major, dense) into dst, row r at r * moe_xs_stride(n), swizzled.
+__device__ __forceinline__ void moe_stage_rows(float* dst, const float* src, int rows, int n) {
+  const int stride = moe_xs_stride(n);
+  for (int i = threadIdx.x; i < rows * n; i += blockDim.x) {
+    const int r = i / n, e = i - r * n, g = e >> 2;
+    dst[r * stride + 4 * (g ^ ((g >> 3) & 7)) + (e & 3)] = src[i];
+  }
+}
+
 __device__ __forceinline__ float moe_dot4(const float4 x, float2 a, float2 b) {
   return a.x * x.x + a.y * x.y + b.x * x.z + b.y * x.w;
 }
@@ -80,21 +101,22 @@ __device__ __forceinline__ uint32_t moe_chunk_scale(const uint8_t* scale_row, in
   else return 0u;
 }
 
-// Chunk c (16 bytes at v, scale bits from moe_chunk_scale) of a row against xs.
+// Chunk c (16 bytes at v, scale bits from moe_chunk_scale) of a row against xs (staged by
+// moe_stage_rows).
 template <int F>
 __device__ __forceinline__ float moe_chunk_dot(int c, const uint4 v, uint32_t scale, const float* xs) {
-  const float4* x4 = reinterpret_cast<const float4*>(xs + static_cast<int64_t>(c) * moe_chunk_cols(F));
+  const int g0 = c * (moe_chunk_cols(F) / 4);  // the chunk's first float4
   if constexpr (F == kMoeFmtBf16) {
     float f[8];
     bf16x8_to_float(v, f);
-    const float4 x0 = x4[0], x1 = x4[1];
+    const float4 x0 = moe_xs4(xs, g0), x1 = moe_xs4(xs, g0 + 1);
     return f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
            f[7] * x1.w;
   } else if constexpr (F == kMoeFmtFp8) {
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s += moe_dot4(x4[i], moe_e4m3x2(words[i]), moe_e4m3x2(words[i] >> 16));
+    for (int i = 0; i < 4; ++i) s += moe_dot4(moe_xs4(xs, g0 + i), moe_e4m3x2(words[i]), moe_e4m3x2(words[i] >> 16));
     return s * __uint_as_float(scale);
   } else {
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -102,9 +124,10 @@ __device__ __forceinline__ float moe_chunk_dot(int c, const uint4 v, uint32_t sc
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t wd = words[i];
-      // nibble j of word i is column 8i + j of the chunk; x4[2i], x4[2i + 1] hold those columns
-      half_sum[i / 2] += moe_dot4(x4[2 * i], moe_e2m1x2_scaled(wd & 0xffu), moe_e2m1x2_scaled((wd >> 8) & 0xffu)) +
-                         moe_dot4(x4[2 * i + 1], moe_e2m1x2_scaled((wd >> 16) & 0xffu), moe_e2m1x2_scaled(wd >> 24));
+      // nibble j of word i is column 8i + j of the chunk; float4s 2i and 2i + 1 hold those columns
+      half_sum[i / 2] +=
+          moe_dot4(moe_xs4(xs, g0 + 2 * i), moe_e2m1x2_scaled(wd & 0xffu), moe_e2m1x2_scaled((wd >> 8) & 0xffu)) +
+          moe_dot4(moe_xs4(xs, g0 + 2 * i + 1), moe_e2m1x2_scaled((wd >> 16) & 0xffu), moe_e2m1x2_scaled(wd >> 24));
     }
     const float2 gs = moe_e4m3x2(scale);
     return half_sum[0] * gs.x + half_sum[1] * gs.y;
@@ -207,7 +230,8 @@ __device__ __forceinline__ float2 moe_row_dot2_any(const MoeWeightRef& a, int64_
 // 8-block cluster a token lets ~33 SMs pull the 1 MB (bf16) router instead of 8.
 template <int PER_LANE>
 __global__ void __launch_bounds__(kMoeDecodeWarps * 32) moe_decode_route(const MoeDecodeJob job) {
-  extern __shared__ float route_xs[];  // x [hidden]
+  extern __shared__ float4 route_smem[];  // x [hidden] (moe_stage_rows)
+  float* route_xs = reinterpret_cast<float*>(route_smem);
   __shared__ bool last_block;
   const int t = static_cast<int>(blockIdx.y);
   const bool has_gate = job.shared_gate_row.codes != nullptr;
@@ -223,8 +247,7 @@ __global__ void __launch_bounds__(kMoeDecodeWarps * 32) moe_decode_route(const M
     for (int64_t b = 128 * lane; b < bytes; b += 128 * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + b));
   }
   wait_for_prerequisite_grids();
-  const float* xr = job.x + static_cast<int64_t>(t) * job.hidden;
-  for (int i = threadIdx.x; i < job.hidden; i += blockDim.x) route_xs[i] = xr[i];
+  moe_stage_rows(route_xs, job.x + static_cast<int64_t>(t) * job.hidden, 1, job.hidden);
   __syncthreads();
   if (r < rows_total) {
     const float v = r < experts ? moe_row_dot_any(job.router, r, route_xs)
@@ -312,7 +335,8 @@ __device__ __forceinline__ float4 moe_row_dot4_any(const MoeWeightRef& a, int64_
 // (the 35B-A3B b1 launch, 9 matrices of 512 rows: 288 blocks, one wave, where one row a warp
 // needed 576 against ~528 resident) and double each warp's reads in flight.
 __global__ void __launch_bounds__(kMoeDecodeWarps * 32) moe_decode_gate_up(const MoeDecodeJob job) {
-  extern __shared__ float gate_up_xs[];  // x [hidden]
+  extern __shared__ float4 gate_up_smem[];  // x [hidden] (moe_stage_rows)
+  float* gate_up_xs = reinterpret_cast<float*>(gate_up_smem);
   const int pairs = job.tokens * job.top_k;
   const int y = static_cast<int>(blockIdx.y);
   const bool shared = y >= pairs;
@@ -321,8 +345,7 @@ __global__ void __launch_bounds__(kMoeDecodeWarps * 32) moe_decode_gate_up(const
   allow_dependent_launch();
   if (static_cast<int>(blockIdx.x) * kMoeGateUpRowsPerBlock >= rows) return;  // the whole block
   wait_for_prerequisite_grids();
-  const float* xr = job.x + static_cast<int64_t>(t) * job.hidden;
-  for (int i = threadIdx.x; i < job.hidden; i += blockDim.x) gate_up_xs[i] = xr[i];
+  moe_stage_rows(gate_up_xs, job.x + static_cast<int64_t>(t) * job.hidden, 1, job.hidden);
   __syncthreads();
   const int j0 = static_cast<int>(blockIdx.x) * kMoeGateUpRowsPerBlock + 2 * (threadIdx.x >> 5);
   if (j0 >= rows) return;
@@ -357,7 +380,7 @@ __device__ __forceinline__ float moe_routed_down_partial(const MoeDecodeJob& job
     for (int u = 0; u < kSlots; ++u) {
       const int s = min(s0 + u, job.top_k - 1);  // past top_k: slot top_k - 1 again, not summed
       rows[u] = static_cast<int64_t>(job.expert_ids[t * job.top_k + s]) * job.hidden + j;
-      x[u] = acts + static_cast<int64_t>(s) * job.ff;
+      x[u] = acts + s * moe_xs_stride(job.ff);
     }
     float part[kSlots];
     moe_lane_partials<F, kSlots>(job.down, job.down, rows, x, part);
@@ -378,18 +401,19 @@ __device__ __forceinline__ float moe_shared_down_partial(const MoeDecodeJob& job
 // Grid: (row tiles of hidden, tokens). out[t, j] = Σ_s w_s · down_{e_s}(act_s)[j] (slot order)
 // + sigmoid(shared_gate_logit[t]) · shared_down(act_shared)[j]; overwritten, not accumulated.
 __global__ void __launch_bounds__(kMoeDecodeWarps * 32) moe_decode_down(const MoeDecodeJob job) {
-  extern __shared__ float down_acts[];  // the token's top_k act rows [top_k, ff] | shared [shared_ff]
+  extern __shared__ float4 down_smem[];  // the token's top_k act rows, then the shared one (moe_stage_rows)
+  float* down_acts = reinterpret_cast<float*>(down_smem);
   const int t = static_cast<int>(blockIdx.y);
   const int pairs = job.tokens * job.top_k;
   const int routed = job.top_k * job.ff;
   allow_dependent_launch();
   wait_for_prerequisite_grids();
-  const float* a = job.act + static_cast<int64_t>(t) * routed;
-  for (int i = threadIdx.x; i < routed; i += blockDim.x) down_acts[i] = a[i];
-  if (job.shared_ff > 0) {
-    const float* s = job.act + static_cast<int64_t>(pairs) * job.ff + static_cast<int64_t>(t) * job.shared_ff;
-    for (int i = threadIdx.x; i < job.shared_ff; i += blockDim.x) down_acts[routed + i] = s[i];
-  }
+  const int shared_at = job.top_k * moe_xs_stride(job.ff);
+  moe_stage_rows(down_acts, job.act + static_cast<int64_t>(t) * routed, job.top_k, job.ff);
+  if (job.shared_ff > 0)
+    moe_stage_rows(down_acts + shared_at,
+                   job.act + static_cast<int64_t>(pairs) * job.ff + static_cast<int64_t>(t) * job.shared_ff, 1,
+                   job.shared_ff);
   __syncthreads();
   const int j = static_cast<int>(blockIdx.x) * kMoeDecodeWarps + (threadIdx.x >> 5);
   if (j >= job.hidden) return;
@@ -402,7 +426,7 @@ __global__ void __launch_bounds__(kMoeDecodeWarps * 32) moe_decode_down(const Mo
   acc = warp_sum(acc);
   if (job.shared_ff > 0) {
     const float gate = job.shared_gate_logit ? 1.0f / (1.0f + expf(-job.shared_gate_logit[t])) : 1.0f;
-    const float* sa = down_acts + routed;
+    const float* sa = down_acts + shared_at;
     float sh;
     switch (job.shared_down.format) {
       case kMoeFmtFp8: sh = moe_shared_down_partial<kMoeFmtFp8>(job, j, sa, gate); break;

@@ -31,9 +31,13 @@ int route_blocks(const MoeDecodeJob& job) {
   return (rows + kMoeDecodeWarps - 1) / kMoeDecodeWarps;
 }
 
-size_t route_smem(const MoeDecodeJob& job) { return size_t(job.hidden) * 4; }
-size_t gate_up_smem(const MoeDecodeJob& job) { return size_t(job.hidden) * 4; }
-size_t down_smem(const MoeDecodeJob& job) { return (size_t(job.top_k) * job.ff + job.shared_ff) * 4; }
+// Staged rows are padded to 32 floats (kernels::moe_xs_stride, the swizzle's unit).
+using kernels::moe_xs_stride;
+size_t route_smem(const MoeDecodeJob& job) { return size_t(moe_xs_stride(job.hidden)) * 4; }
+size_t gate_up_smem(const MoeDecodeJob& job) { return size_t(moe_xs_stride(job.hidden)) * 4; }
+size_t down_smem(const MoeDecodeJob& job) {
+  return (size_t(job.top_k) * moe_xs_stride(job.ff) + (job.shared_ff > 0 ? moe_xs_stride(job.shared_ff) : 0)) * 4;
+}
 
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
