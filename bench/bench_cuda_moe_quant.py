@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
 
-from bench_cuda import ceilings, kernel_breakdown  # noqa: E402
+from bench_cuda import ceilings, kernel_breakdown, replay_breakdown  # noqa: E402
 from bench_cuda_hybrid import SAMPLING, prefill_flops, prefill_lanes, shape_counts  # noqa: E402
 
 SHAPE = "qwen3.6-35b-a3b"
@@ -79,56 +79,6 @@ def decode_rate(runner, tokens, position, batch: int, steps: int) -> float:
     for _ in range(steps):
         step()
     return (time.perf_counter() - t0) / steps
-
-
-def kernel_group(name: str) -> str:
-    """A kernel's name without its namespaces, template and parameter lists."""
-    base = name.removeprefix("void ").split("(")[0].split("<")[0]
-    return base.rsplit("::", 1)[-1][:60] or name[:60]
-
-
-def replay_breakdown(fn, steps: int = 5, top: int = 24) -> dict:
-    """Where graph-replayed steps spend their time, on the critical path: each device activity
-    (kernel or copy, in start order) is charged the time by which it moves the end of the work
-    done so far, so overlapped (programmatic dependent launch) kernels are not counted twice and
-    the charges plus the idle gaps inside a step add up to the step. Gaps over 200 us (the host
-    between steps) are left out."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    spans = sorted(
-        (e.time_range.start, e.time_range.end, kernel_group(e.name))
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA
-    )
-    charged: dict[str, list[float]] = {}
-    idle, done = 0.0, None
-    for start, end, name in spans:
-        if done is None:
-            done = start
-        gap = start - done
-        if 0 < gap < 200:
-            idle += gap
-        charge = max(0.0, end - max(start, done))
-        slot = charged.setdefault(name, [0.0, 0])
-        slot[0] += charge
-        slot[1] += 1
-        done = max(done, end)
-    rows = sorted(
-        ((n, v[0] / steps / 1e3, v[1] / steps) for n, v in charged.items()),
-        key=lambda r: -r[1],
-    )
-    return {
-        "launches_per_step": len(spans) / steps,
-        "busy_ms_per_step": sum(r[1] for r in rows),
-        "idle_ms_per_step": idle / steps / 1e3,
-        "kernels": rows[:top],
-    }
 
 
 def run_format(cfg, dtype, bw, rate, steps, contexts, batches) -> dict:
