@@ -69,3 +69,18 @@ def test_bench_serve_figures_read_the_vllm_named_fields():
         "prompt_tokens": 286.0,
         "completed": 4,
     }
+
+
+def test_server_time_per_token_from_two_metrics_pages():
+    import bench_guidellm_agreement as agreement
+
+    page = (
+        "# TYPE ninfer_request_duration_seconds histogram\n"
+        'ninfer_request_duration_seconds_sum{{model="m"}} {d}\n'
+        "ninfer_time_to_first_token_seconds_sum {t}\n"
+        "ninfer_decode_tokens_total {n}\n"
+    )
+    before = agreement.metric_values(page.format(d=1.0, t=0.2, n=100))
+    after = agreement.metric_values(page.format(d=3.0, t=0.4, n=300))
+    # (2.0 s - 0.2 s) over 200 tokens = 9 ms a token
+    assert abs(agreement.server_tpot_ms(before, after) - 9.0) < 1e-9

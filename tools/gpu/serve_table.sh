@@ -24,10 +24,18 @@
 #                        per shape and format (`ninfer-convert --header-only --dtype X`)
 #   RUNS="1024:1 8192:1 ..."  input:concurrency[:estimated seconds], in order
 #   RUNS_<shape with - and . as _>  the same for one shape (e.g. RUNS_qwen3_6_27b)
-#   QUANT_RUNS           the points of a non-bf16 format (default: c = 1 and 8 at 1k, c = 1 at
-#                        8k, with the bf16 estimates)
+#   RUNS_<shape>_<format>  the points of one shape and weight format (RUNS_qwen3_6_27b_fp8)
+#   QUANT_RUNS           the points of a non-bf16 format without its own list (default: c = 1
+#                        and 8 at 1k, c = 1 at 8k, with the bf16 estimates)
+#                        A point may name its prompt count as a 4th field, input:c:s:prompts
+#                        (default c: one wave; 2 or 3 at c = 1 gives p99 ITL more gaps).
 #   TTFT_PROBE="8192:5 1024:3"  input:requests of the TTFT probe (empty: none)
+#   AGREE_SERVER=NAME    run bench/bench_guidellm_agreement.py against that server (e.g.
+#                        qwen3.6-27b-fp8) after its points, with AGREE_ARGS (its load flags)
+#                        and GUIDELLM (the guidellm command); GuideLLM's prompts use the
+#                        artifact's own tokenizer. Results: agreement.json / agreement.txt.
 #   OUTPUT_LEN=512 LANES=8 PREFILL_CHUNK=1024 DEVICE=0 BUILD=1 CEILINGS=1 TOTAL_S=240
+#   SERVER_MIN_S=25      a server is not started with less of TOTAL_S left
 #   (DEVICE=cpu with a small config.json SHAPES, OUTPUT_LEN and RUNS is the CPU dry run)
 set -uo pipefail
 out=${1:?usage: tools/gpu/serve_table.sh OUT_DIR}
@@ -94,7 +102,9 @@ for run in $runs $quant_runs $ttft_probe; do [ "${run%%:*}" -gt "$max_input" ] &
 for entry in $shapes; do
   own_runs="RUNS_$(basename "${entry%%:*}" .json)"
   own_runs=${own_runs//[-.]/_}
-  for run in ${!own_runs:-}; do [ "${run%%:*}" -gt "$max_input" ] && max_input=${run%%:*}; done
+  for list in $own_runs $(for dtype in $dtypes; do echo "${own_runs}_$dtype"; done); do
+    for run in ${!list:-}; do [ "${run%%:*}" -gt "$max_input" ] && max_input=${run%%:*}; done
+  done
 done
 total=${TOTAL_S:-240}
 max_context=${MAX_CONTEXT:-$((max_input + output_len + 256))}
@@ -105,8 +115,19 @@ for server_entry in "${servers[@]}"; do
   budget=${entry##*:}
   [ "$budget" = "$shape" ] && budget=100000
   name=$(basename "$shape" .json)
-  echo "== $server_name ($dtype weights; its points run for at most ${budget} s)"
   artifact=/tmp/serve_table_$server_name.ninfer
+  # A server that would start with less than SERVER_MIN_S of the table's time left is not
+  # started (its start, warm-up and probe alone take ~15 s on the 27B shape).
+  if [ $(($(date +%s) - started + ${SERVER_MIN_S:-25})) -gt "$total" ]; then
+    echo "== $server_name not started: TOTAL_S $total spent"
+    cat >"$out/serve/$server_name.meta.json" <<META
+{"shape": "$server_name", "config": "$shape", "dtype": "$dtype", "lanes": $lanes,
+ "prefill_chunk": $chunk, "max_context": $max_context, "output_len": $output_len,
+ "startup_s": 0, "skipped": ["every point (server not started)"]}
+META
+    continue
+  fi
+  echo "== $server_name ($dtype weights; its points run for at most ${budget} s)"
   port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   t0=$(date +%s.%N)
   "$py" -m ninfer.server "$artifact" --load-format dummy --seed 1 --device "$device" \
@@ -157,7 +178,10 @@ PY
   done
   own_runs="RUNS_${name//[-.]/_}"
   plan=${!own_runs:-$runs}
-  if [ "$dtype" != bf16 ]; then
+  format_runs="${own_runs}_${dtype}"
+  if [ -n "${!format_runs:-}" ]; then
+    plan=${!format_runs}
+  elif [ "$dtype" != bf16 ]; then
     if [ -n "$quant_runs" ]; then
       plan=$quant_runs
     else  # c = 1 and 8 at 1k, c = 1 at 8k, with this shape's estimates
@@ -165,8 +189,9 @@ PY
     fi
   fi
   for run in $plan; do
-    IFS=: read -r input c estimate <<<"$run"
+    IFS=: read -r input c estimate prompts <<<"$run"
     estimate=${estimate:-0}
+    prompts=${prompts:-$c}
     now=$(date +%s)
     if [ $((now - shape_start + estimate)) -gt "$budget" ] || [ $((now - started + estimate)) -gt "$total" ]; then
       skipped+=("\"in $input c $c\"")
@@ -174,10 +199,17 @@ PY
     fi
     echo "-- $server_name input $input concurrency $c"
     timeout 300 "$py" bench/bench_serve.py --port "$port" --random-input-len "$input" \
-      --random-output-len "$output_len" --num-prompts "$c" --max-concurrency "$c" --seed 0 \
+      --random-output-len "$output_len" --num-prompts "$prompts" --max-concurrency "$c" --seed 0 \
       --result-file "$out/serve/$server_name-in$input-c$c.json" 2>&1 |
       grep -E "Successful|Failed|duration|Output token|Median (TTFT|TPOT|ITL)|P99 ITL|server|error" || status=1
   done
+  if [ "${AGREE_SERVER:-}" = "$server_name" ]; then
+    echo "-- $server_name: bench_serve.py and GuideLLM on the same load"
+    # shellcheck disable=SC2086  # AGREE_ARGS is a list of flags
+    timeout "${AGREE_TIMEOUT_S:-150}" "$py" bench/bench_guidellm_agreement.py \
+      --base-url "http://127.0.0.1:$port" --tokenizer "$artifact" --guidellm "${GUIDELLM:-guidellm}" \
+      ${AGREE_ARGS:-} --result-file "$out/agreement.json" 2>&1 | tee "$out/agreement.txt" || status=1
+  fi
   kill "$server" 2>/dev/null
   wait "$server" 2>/dev/null
   skipped_json=$(IFS=,; echo "${skipped[*]:-}")
