@@ -164,6 +164,32 @@ def replay_breakdown(fn, steps: int = 5, top: int = 24) -> dict:
     }
 
 
+def profile_replays(fn, label: str) -> dict | None:
+    """replay_breakdown of fn (a step whose graph exists), printed; None if the profiler fails
+    (it is a bonus: the caller keeps its timings)."""
+    try:
+        rb = replay_breakdown(fn)
+    except Exception as exc:
+        print(f"[{label}] b1 replay breakdown failed: {exc}", flush=True)
+        return None
+    print(
+        f"[{label}] b1 replay: {rb['launches_per_step']:.0f} launches, busy "
+        f"{rb['busy_ms_per_step']:.2f} ms + idle {rb['idle_ms_per_step']:.2f} ms a step",
+        flush=True,
+    )
+    return rb
+
+
+def replay_markdown(rb: dict) -> list[str]:
+    """The lines of a results table's replay_breakdown block."""
+    return [
+        "",
+        f"b1 graph replay, critical path ({rb['launches_per_step']:.0f} launches, busy "
+        f"{rb['busy_ms_per_step']:.3f} ms + idle {rb['idle_ms_per_step']:.3f} ms a step; "
+        "name, ms a step, launches a step):",
+    ] + [f"- {n}: {ms:.3f} ms x {cnt:.0f}" for n, ms, cnt in rb["kernels"]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
 
-from bench_cuda import ceilings, kernel_breakdown, replay_breakdown  # noqa: E402
+from bench_cuda import ceilings, kernel_breakdown, profile_replays, replay_markdown  # noqa: E402
 from bench_cuda_hybrid import SAMPLING, prefill_flops, prefill_lanes, shape_counts  # noqa: E402
 
 SHAPE = "qwen3.6-35b-a3b"
@@ -160,16 +160,9 @@ def run_format(cfg, dtype, bw, rate, steps, contexts, batches) -> dict:
                 pos1 += 1
 
             replayed_b1()  # the b1 graph exists (decode_rate): this one replays it
-            try:
-                out["replay_b1"] = rb = replay_breakdown(replayed_b1)
-                print(
-                    f"[{dtype}] b1 replay: {rb['launches_per_step']:.0f} launches, busy "
-                    f"{rb['busy_ms_per_step']:.2f} ms + idle "
-                    f"{rb['idle_ms_per_step']:.2f} ms a step",
-                    flush=True,
-                )
-            except Exception as exc:  # the profiler is a bonus: keep the timings
-                print(f"[{dtype}] b1 replay breakdown failed: {exc}", flush=True)
+            rb = profile_replays(replayed_b1, dtype)
+            if rb:
+                out["replay_b1"] = rb
             position[0] = pos1
             os.environ["NINFER_MOE_FUSED"] = "0"
             sec = decode_rate(runner, tokens, position, 1, steps)
@@ -216,14 +209,7 @@ def to_markdown(result: dict) -> str:
         if "unfused_b1_ms" in f:
             lines.append(f"| decode b1, fused MoE off | {f['unfused_b1_ms']:.2f} ms | | |")
         if "replay_b1" in f:
-            rb = f["replay_b1"]
-            lines += [
-                "",
-                f"b1 graph replay, critical path ({rb['launches_per_step']:.0f} launches, busy "
-                f"{rb['busy_ms_per_step']:.3f} ms + idle {rb['idle_ms_per_step']:.3f} ms a step; "
-                "name, ms a step, launches a step):",
-            ]
-            lines += [f"- {n}: {ms:.3f} ms x {cnt:.0f}" for n, ms, cnt in rb["kernels"]]
+            lines += replay_markdown(f["replay_b1"])
         lines += ["", "b1 step kernels (eager; name, ms, launches):"]
         lines += [f"- {n}: {ms:.3f} ms x {cnt}" for n, ms, cnt in f["breakdown_b1"]]
         lines.append("")

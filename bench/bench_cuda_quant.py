@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
 
-from bench_cuda import ceilings, kernel_breakdown, replay_breakdown  # noqa: E402
+from bench_cuda import ceilings, kernel_breakdown, profile_replays, replay_markdown  # noqa: E402
 from bench_cuda_hybrid import SAMPLING, prefill_flops, prefill_lanes, shape_counts  # noqa: E402
 
 # (name, rows of each weight of one launch, k) of a 27B decode step
@@ -231,17 +231,10 @@ def run_model(
                 f"({100 * r['ratio']:.1f}%)",
                 flush=True,
             )
-            if batch == 1 and "replay_b1" not in out:
-                try:  # the b1 graph exists now: profile its replays on the critical path
-                    out["replay_b1"] = rb = replay_breakdown(lambda: step(1))
-                    print(
-                        f"[{name} {dtype}] b1 replay: {rb['launches_per_step']:.0f} launches, "
-                        f"busy {rb['busy_ms_per_step']:.2f} ms + idle "
-                        f"{rb['idle_ms_per_step']:.2f} ms a step",
-                        flush=True,
-                    )
-                except Exception as exc:  # the profiler is a bonus: keep the timings
-                    print(f"[{name} {dtype}] b1 replay breakdown failed: {exc}", flush=True)
+            if batch == 1 and "replay_b1" not in out:  # the b1 graph exists now
+                rb = profile_replays(lambda: step(1), f"{name} {dtype}")
+                if rb:
+                    out["replay_b1"] = rb
     out["decode"] = rows
     os.environ["NINFER_CUDA_GRAPHS"] = "0"
     pos = position[0]
@@ -290,14 +283,7 @@ def to_markdown(result: dict) -> str:
                 f"| {100 * r['ratio']:.1f}% |"
             )
         if "replay_b1" in model:
-            rb = model["replay_b1"]
-            lines += [
-                "",
-                f"b1 graph replay, critical path ({rb['launches_per_step']:.0f} launches, busy "
-                f"{rb['busy_ms_per_step']:.3f} ms + idle {rb['idle_ms_per_step']:.3f} ms a step; "
-                "name, ms a step, launches a step):",
-            ]
-            lines += [f"- {n}: {ms:.3f} ms x {cnt:.0f}" for n, ms, cnt in rb["kernels"]]
+            lines += replay_markdown(model["replay_b1"])
         lines += ["", "decode b1 kernels (eager; name, ms, launches):"]
         lines += [f"- {n}: {ms:.2f} ms x {cnt}" for n, ms, cnt in model["breakdown_decode_b1"]]
     return "\n".join(lines) + "\n"
