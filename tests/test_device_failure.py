@@ -21,7 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ninfer.server.device_failure import DEVICE_FAILURE_EXIT_STATUS, TEST_HOOK_ENV
+from ninfer.server.device_failure import (
+    DEVICE_FAILURE_EXIT_STATUS,
+    TEST_HOOK_AT_REQUEST_ENV,
+    TEST_HOOK_ENV,
+)
 from server_harness import free_port
 from test_server_stop import ServerProcess
 
@@ -41,10 +45,14 @@ LLAMA = {
     "num_key_value_heads": 2,
     "vocab_size": 512,
     "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 32768,
     "tie_word_embeddings": True,
 }
-FAULT_AFTER_STEPS = 1500  # long enough for a second request to queue behind the stream
+# The fault is armed when the second request is submitted (it then waits behind the stream
+# for the only lane) and fires a few steps later. The stream is long enough that it cannot
+# end before a starved test client submits that request.
+FAULT_AFTER_STEPS = 5
+STREAM_TOKENS = 30000
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -115,7 +123,7 @@ def _stream(base_url: str, lines: list[str], started: threading.Event) -> None:
     body = {
         "model": MODEL,
         "stream": True,
-        "max_tokens": 3000,
+        "max_tokens": STREAM_TOKENS,
         "ignore_eos": True,
         "messages": [{"role": "user", "content": "go"}],
     }
@@ -129,9 +137,9 @@ def _stream(base_url: str, lines: list[str], started: threading.Event) -> None:
 def test_a_fatal_device_error_ends_the_server(artifact, tmp_path):
     log_path = tmp_path / "requests.jsonl"
     server = _RealServer(
-        artifact, "--max-concurrency", "1", "--max-context", "4096",
+        artifact, "--max-concurrency", "1", "--max-context", "32768",
         "--request-log-jsonl", str(log_path), "--log-stats-panel", "off",
-        env={TEST_HOOK_ENV: str(FAULT_AFTER_STEPS)},
+        env={TEST_HOOK_ENV: str(FAULT_AFTER_STEPS), TEST_HOOK_AT_REQUEST_ENV: "2"},
     )  # fmt: skip
     try:
         server.wait_ready()

@@ -11,7 +11,10 @@ contents cannot be trusted.
 
 Tests reach this path without a GPU through the core's test hook: with
 NINFER_TEST_DEVICE_FAULT_AFTER_STEPS=N in the environment, the model step after the next N
-(counted from the end of warm-up) fails as a CUDA illegal address would.
+fails as a CUDA illegal address would. The N steps count from the end of warm-up, or, with
+NINFER_TEST_DEVICE_FAULT_AT_REQUEST=K as well, from the K-th request's submission: a test
+that needs a request waiting when the device fails arms the fault with that request rather
+than racing a step count against its client.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ log = logging.getLogger("ninfer.server")
 
 DEVICE_FAILURE_EXIT_STATUS = 1
 TEST_HOOK_ENV = "NINFER_TEST_DEVICE_FAULT_AFTER_STEPS"
+TEST_HOOK_AT_REQUEST_ENV = "NINFER_TEST_DEVICE_FAULT_AT_REQUEST"
 # If ending the requests in flight and stopping takes longer than this, exit regardless.
 EXIT_DEADLINE_S = 10.0
 
@@ -54,11 +58,24 @@ class DeviceFailureExit:
         except ValueError:
             log.warning("%s=%r is not a step count: ignored", TEST_HOOK_ENV, value)
             return
-        inject(steps)
+        at_request = os.environ.get(TEST_HOOK_AT_REQUEST_ENV, "1")
+        try:
+            request_number = int(at_request)
+        except ValueError:
+            log.warning(
+                "%s=%r is not a request number: ignored", TEST_HOOK_AT_REQUEST_ENV, at_request
+            )
+            request_number = 1
+        if request_number <= 1:
+            inject(steps)
+        else:
+            _arm_at_submission(engine, request_number, lambda: inject(steps))
         log.warning(
-            "test hook %s: the model step after the next %d fails with a fatal device error",
+            "test hook %s: the model step after the next %d (counted from request %d's "
+            "submission) fails with a fatal device error",
             TEST_HOOK_ENV,
             steps,
+            max(request_number, 1),
         )
 
     def serving(self, signals: Any) -> None:
@@ -87,3 +104,19 @@ class DeviceFailureExit:
     def _give_up(self) -> None:
         log.error("the stop after the device failure took over %g s: exiting now", EXIT_DEADLINE_S)
         self._exit_now(self.status)
+
+
+def _arm_at_submission(engine: Any, request_number: int, arm: Callable[[], None]) -> None:
+    """Calls `arm` once the engine has accepted its `request_number`-th request (test hook)."""
+    submit = engine.submit
+    accepted = 0
+
+    def counting_submit(request: Any) -> Any:
+        nonlocal accepted
+        handle = submit(request)
+        accepted += 1
+        if accepted == request_number:
+            arm()
+        return handle
+
+    engine.submit = counting_submit
