@@ -289,6 +289,9 @@ class Backend {
   // [tokens, hidden] (overwritten). A backend groups the (token, expert) pairs by expert.
   virtual void moe_experts(const float* x, int64_t tokens, int64_t hidden,
                            const float* router_logits, const MoeExperts& experts, float* out);
+  // Allocates now the workspaces moe_experts will need for these experts, so that a KV pool
+  // sized afterwards (--kv-capacity auto) leaves room for them. A no-op where there are none.
+  virtual void reserve_moe_experts(const MoeExperts& experts) { (void)experts; }
   // out = the whole MoE MLP of x (router, moe_experts, the shared expert and its sigmoid gate,
   // summed as the separate ops would) in the backend's own fused form, where it has one for
   // this batch and these weights; returns false (and does nothing) otherwise, and the caller

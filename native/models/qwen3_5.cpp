@@ -120,6 +120,9 @@ class Qwen35Model final : public Model, public MtpHead {
     backend_ = make_backend(options.device, options.threads);
     load_weights();
     allocate();
+    if (cfg_.moe)
+      for (const auto* layers : {&layers_, &mtp_layers_})
+        for (const Layer& L : *layers) backend_->reserve_moe_experts(L.experts);
     // Last: with --kv-capacity auto the pool takes what the weights and workspaces leave.
     backend_->bind_kv(kv_);
     if (!rope_.depends_on_length()) rope_table_ = rope_.table(cfg_.max_positions);

@@ -76,6 +76,19 @@ void* DeviceScratch::get(size_t bytes, cudaStream_t stream) {
   return ptr_;
 }
 
+void DeviceScratch::reserve(size_t bytes, cudaStream_t stream) {
+  if (bytes <= bytes_ && ptr_) return;
+  if (ptr_) {
+    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
+    NINFER_CUDA_CHECK(cudaFree(ptr_));
+    ptr_ = nullptr;
+    ++scratch_moves;
+  }
+  const size_t size = align_up(std::max<size_t>(bytes, 4096), kAlign);
+  NINFER_CUDA_CHECK(cudaMalloc(&ptr_, size));
+  bytes_ = size;
+}
+
 const void* MetadataSlot::upload(const void* data, size_t bytes, cudaStream_t stream) {
   if (valid_ && bytes == host_.size() && (bytes == 0 || std::memcmp(data, host_.data(), bytes) == 0))
     return device_.get(std::max<size_t>(bytes, 1), stream);

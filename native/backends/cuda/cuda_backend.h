@@ -67,6 +67,8 @@ class DeviceScratch {
   DeviceScratch& operator=(const DeviceScratch&) = delete;
   ~DeviceScratch();
   void* get(size_t bytes, cudaStream_t stream);
+  // At least `bytes` now, allocated to the byte (get grows by half again for later growth).
+  void reserve(size_t bytes, cudaStream_t stream);
 
  private:
   void* ptr_ = nullptr;
@@ -191,6 +193,7 @@ class CudaBackend final : public Backend {
   bool moe_experts_quantized_gemv(const float* x, int64_t tokens, int64_t hidden, const int32_t* ids_dev,
                                   const float* route_weights, const MoeExperts& experts, float* out);
   MoeExperts moe_experts_as_bf16(const MoeExperts& experts);
+  void reserve_moe_experts(const MoeExperts& experts) override;
   void moe_experts_routed(const float* x, int64_t tokens, int64_t hidden, MoePath path, const int32_t* ids_dev,
                           const float* route_weights, const MoeExperts& experts, float* out);
   void moe_experts_on_host_plan(const float* x, int64_t tokens, int64_t hidden, const int32_t* ids_dev,

@@ -125,6 +125,17 @@ bool CudaBackend::moe_experts_quantized_gemv(const float* x, int64_t tokens, int
   return true;
 }
 
+// The grouped and host paths (prefill) widen a layer's quantized stacks to bf16: 1.6 GB for
+// the 35B-A3B shape, more than the KV pool's headroom, so they are taken before the pool.
+void CudaBackend::reserve_moe_experts(const MoeExperts& experts) {
+  if (dry()) return;
+  activate();
+  if (is_block_quantized(experts.gate_up.dtype))
+    moe_bf16_gate_up_.reserve(static_cast<size_t>(experts.gate_up.rows * experts.gate_up.cols) * 2, stream_);
+  if (is_block_quantized(experts.down.dtype))
+    moe_bf16_down_.reserve(static_cast<size_t>(experts.down.rows * experts.down.cols) * 2, stream_);
+}
+
 MoeExperts CudaBackend::moe_experts_as_bf16(const MoeExperts& experts) {
   MoeExperts view = experts;
   auto widen = [&](const Weight& w, DeviceScratch& scratch) {
