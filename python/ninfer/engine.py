@@ -324,6 +324,7 @@ class AsyncEngine:
         self.prefix_cache_file: str | None = None  # saved on close when set
         # Seconds prepare_grammars took to build the grammar vocabulary (None: not built yet).
         self.grammar_vocabulary_seconds: float | None = None
+        self._grammar_build: threading.Thread | None = None  # close() waits for it
         # Called once, on the event loop, when a fatal device error stopped the engine (the
         # server then exits: the device cannot be used again in this process).
         self.on_device_failure: Callable[[str], None] | None = None
@@ -450,6 +451,7 @@ class AsyncEngine:
 
         thread = threading.Thread(target=build, name="ninfer-grammar-vocabulary", daemon=True)
         thread.start()
+        self._grammar_build = thread
         return thread
 
     async def warmup(self, prompt_tokens: int = 1, max_tokens: int = 2) -> None:
@@ -478,6 +480,12 @@ class AsyncEngine:
             return
         self._closed = True
         await asyncio.to_thread(self._core.shutdown)
+        build = self._grammar_build
+        if build is not None and build.is_alive():
+            # A start-up that fails or is interrupted early can get here while the build still
+            # runs in the core: tearing the core down under it aborts the process.
+            _log.info("waiting for the grammar vocabulary build to finish")
+            await asyncio.to_thread(build.join)
         self._dispatch()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.event_fd)
