@@ -64,22 +64,14 @@ DeviceScratch::~DeviceScratch() {
 
 void* DeviceScratch::get(size_t bytes, cudaStream_t stream) {
   if (bytes <= bytes_ && ptr_) return ptr_;
-  if (ptr_) {
-    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));  // kernels may still read the old buffer
-    NINFER_CUDA_CHECK(cudaFree(ptr_));
-    ptr_ = nullptr;
-    ++scratch_moves;
-  }
-  const size_t size = align_up(std::max<size_t>(bytes + bytes / 2, 4096), kAlign);
-  NINFER_CUDA_CHECK(cudaMalloc(&ptr_, size));
-  bytes_ = size;
+  reserve(bytes + bytes / 2, stream);
   return ptr_;
 }
 
 void DeviceScratch::reserve(size_t bytes, cudaStream_t stream) {
   if (bytes <= bytes_ && ptr_) return;
   if (ptr_) {
-    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
+    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));  // kernels may still read the old buffer
     NINFER_CUDA_CHECK(cudaFree(ptr_));
     ptr_ = nullptr;
     ++scratch_moves;
