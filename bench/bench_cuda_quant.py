@@ -85,6 +85,12 @@ GEMV_FORMS = [
     ("sectors-r8w4u4", 27),
     ("sectors-r16w8u2", 28),
     ("sectors-r8w8u4", 29),
+    ("sectors-r16w4u2-db", 30),
+    ("sectors-r16w4u1-db", 31),
+    ("sectors-r8w4u2-db", 32),
+    ("sectors-r16w8u1-db", 33),
+    ("sectors-r8w8u2-db", 34),
+    ("sectors-r32w4u1-db", 35),
     ("auto", 0),
 ]
 

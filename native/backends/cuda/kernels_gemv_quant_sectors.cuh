@@ -50,10 +50,13 @@ __device__ __forceinline__ void group_scales_bf16_2p119(uint16_t both, uint32_t&
 }
 
 // The compile-time shape: 8·kRowTiles-row tiles, kWarps warps, kUnroll units of 128 k per
-// warp loaded before any is used.
-template <int kRowTiles_, int kWarps_, int kUnroll_>
+// warp loaded before any is used. kDoubleBuffer: each warp issues its next batch's loads before
+// it dequantizes the current batch (two register buffers), so its loads stay in flight while it
+// computes; without it a warp alternates between waiting for a batch and computing it.
+template <int kRowTiles_, int kWarps_, int kUnroll_, bool kDoubleBuffer_ = false>
 struct SectorShape {
   static constexpr int kRowTiles = kRowTiles_, kWarps = kWarps_, kUnroll = kUnroll_;
+  static constexpr bool kDoubleBuffer = kDoubleBuffer_;
   static constexpr int kTileRows = 8 * kRowTiles, kThreads = 32 * kWarps;
 };
 
@@ -63,6 +66,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
     gemv_quant_sectors(const QuantGemvTable table, const float* __restrict__ x, int m, int k) {
   constexpr int kRowTiles = Shape::kRowTiles, kWarps = Shape::kWarps, kUnroll = Shape::kUnroll;
   constexpr int kLoads = kNvfp4 ? 1 : 2;  // 16-byte loads per row and unit
+  constexpr int kStride = kWarps * kUnroll;  // units between a warp's batches
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane >> 2, tig = lane & 3;
   int j = 0;
   while (static_cast<int>(blockIdx.x) >= table.first_tile[j + 1]) ++j;
@@ -98,15 +102,13 @@ __global__ void __launch_bounds__(Shape::kThreads)
 #pragma unroll
   for (int t = 0; t < kRowTiles; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
-  // The weights depend on no earlier kernel: the first batch streams in while the previous
-  // kernel (launched with programmatic serialization) may still run; x only after it.
-  allow_dependent_launch();
-  bool waited = false;
-  for (int first = warp; first < units; first += kWarps * kUnroll) {
-    uint4 raw[kUnroll][kRowTiles][kLoads];
+  using Batch = uint4[kUnroll][kRowTiles][kLoads];
+  // Issues the loads of the batch that starts at unit `first` (units past the end re-read the
+  // last one, unused).
+  const auto load_batch = [&](Batch& raw, int first) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int unit = min(first + u * kWarps, units - 1);  // past the end: re-read, unused
+      const int unit = min(first + u * kWarps, units - 1);
 #pragma unroll
       for (int t = 0; t < kRowTiles; ++t) {
         const uint8_t* p = w_lane[t] + static_cast<int64_t>(unit) * (kNvfp4 ? 64 : 128);
@@ -114,10 +116,9 @@ __global__ void __launch_bounds__(Shape::kThreads)
         if constexpr (!kNvfp4) raw[u][t][1] = load_ahead16(p + 64);
       }
     }
-    if (!waited) {
-      wait_for_prerequisite_grids();
-      waited = true;
-    }
+  };
+  // Dequantizes the batch that starts at unit `first` and adds its products to acc.
+  const auto use_batch = [&](const Batch& raw, int first) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int unit = first + u * kWarps;
@@ -187,8 +188,36 @@ __global__ void __launch_bounds__(Shape::kThreads)
         }
       }
     }
+  };
+
+  // The weights depend on no earlier kernel: the first batch streams in while the previous
+  // kernel (launched with programmatic serialization) may still run; x only after it.
+  allow_dependent_launch();
+  if constexpr (Shape::kDoubleBuffer) {
+    Batch ping, pong;
+    if (warp < units) load_batch(ping, warp);
+    wait_for_prerequisite_grids();
+    for (int first = warp; first < units; first += 2 * kStride) {
+      const int second = first + kStride;
+      if (second < units) load_batch(pong, second);
+      use_batch(ping, first);
+      if (second >= units) break;
+      if (second + kStride < units) load_batch(ping, second + kStride);
+      use_batch(pong, second);
+    }
+  } else {
+    bool waited = false;
+    for (int first = warp; first < units; first += kStride) {
+      Batch raw;
+      load_batch(raw, first);
+      if (!waited) {
+        wait_for_prerequisite_grids();
+        waited = true;
+      }
+      use_batch(raw, first);
+    }
+    if (!waited) wait_for_prerequisite_grids();
   }
-  if (!waited) wait_for_prerequisite_grids();
 
   store_quant_tile<kNvfp4, kRowTiles, kWarps, 16>(table, job, acc, row0, m, kNvfp4 ? kSectorsNvfp4Unscale : 1.0f);
 }

@@ -13,7 +13,7 @@ struct QuantGemvTable;
 namespace ninfer::cuda {
 
 inline constexpr int kGemvQuantSectorsFirstVariant = 24;
-inline constexpr int kGemvQuantSectorsShapes = 6;
+inline constexpr int kGemvQuantSectorsShapes = 12;
 
 // Whether the kernel takes these weights: k % 128 == 0 and 16-byte aligned codes.
 bool gemv_quant_sectors_fit(const QuantGemvJob* jobs, int num_jobs, int k);
