@@ -49,7 +49,9 @@ def gap_summary(gaps: list[float], top: int = 8) -> dict[str, Any]:
         "largest": [[int(i) + 1, round(float(ms[i]), 2)] for i in order],
         # Every gap over 1.3 x p50 (issue 18's bound), in order: where the tail sits in the
         # stream (regular token indices point at the engine, scattered ones at the host).
-        "over_1_3x_p50": [[int(i) + 1, round(float(g), 2)] for i, g in enumerate(ms) if g > 1.3 * p50],
+        "over_1_3x_p50": [
+            [int(i) + 1, round(float(g), 2)] for i, g in enumerate(ms) if g > 1.3 * p50
+        ],
     }
 
 
