@@ -2,8 +2,11 @@
 // translation unit of their own: 48 kernel instances.
 #include "backends/cuda/launchers_gemv_quant_sectors.h"
 
+#include <array>
 #include <cstdint>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "backends/cuda/kernels_gemv_quant_sectors.cuh"
 #include "backends/cuda/launch_overlapped.h"
@@ -17,21 +20,19 @@ using kernels::SectorShape;
 // Rows per tile, warps per block, 128-k units in flight per warp (tools/gpu/probes/
 // quant_gemv_probe.cu timed shapes 0-5 on the 27B decode shapes; bench/RESULTS.md 2026-12-02);
 // shapes 6-11 double-buffer each warp's loads (SectorShape's kDoubleBuffer).
-using Shape0 = SectorShape<2, 4, 2>;
-using Shape1 = SectorShape<2, 4, 4>;
-using Shape2 = SectorShape<4, 4, 2>;
-using Shape3 = SectorShape<1, 4, 4>;
-using Shape4 = SectorShape<2, 8, 2>;
-using Shape5 = SectorShape<1, 8, 4>;
-using Shape6 = SectorShape<2, 4, 2, true>;
-using Shape7 = SectorShape<2, 4, 1, true>;
-using Shape8 = SectorShape<1, 4, 2, true>;
-using Shape9 = SectorShape<2, 8, 1, true>;
-using Shape10 = SectorShape<1, 8, 2, true>;
-using Shape11 = SectorShape<4, 4, 1, true>;
-constexpr int kTileRows[kGemvQuantSectorsShapes] = {
-    Shape0::kTileRows, Shape1::kTileRows, Shape2::kTileRows, Shape3::kTileRows,  Shape4::kTileRows,  Shape5::kTileRows,
-    Shape6::kTileRows, Shape7::kTileRows, Shape8::kTileRows, Shape9::kTileRows, Shape10::kTileRows, Shape11::kTileRows};
+using Shapes = std::tuple<SectorShape<2, 4, 2>, SectorShape<2, 4, 4>, SectorShape<4, 4, 2>, SectorShape<1, 4, 4>,
+                          SectorShape<2, 8, 2>, SectorShape<1, 8, 4>, SectorShape<2, 4, 2, true>,
+                          SectorShape<2, 4, 1, true>, SectorShape<1, 4, 2, true>, SectorShape<2, 8, 1, true>,
+                          SectorShape<1, 8, 2, true>, SectorShape<4, 4, 1, true>>;
+static_assert(std::tuple_size_v<Shapes> == kGemvQuantSectorsShapes);
+template <int kShape>
+using ShapeAt = std::tuple_element_t<kShape, Shapes>;
+
+template <size_t... kShape>
+constexpr std::array<int, sizeof...(kShape)> tile_rows_of(std::index_sequence<kShape...>) {
+  return {ShapeAt<kShape>::kTileRows...};
+}
+constexpr auto kTileRows = tile_rows_of(std::make_index_sequence<kGemvQuantSectorsShapes>());
 
 template <bool kNvfp4, typename Shape>
 void launch(const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap, cudaStream_t stream) {
@@ -43,24 +44,19 @@ void launch(const kernels::QuantGemvTable& table, const float* x, int m, int k, 
                       k);
 }
 
+using Launcher = void (*)(const kernels::QuantGemvTable&, const float*, int, int, bool, cudaStream_t);
+template <bool kNvfp4, size_t... kShape>
+constexpr std::array<Launcher, sizeof...(kShape)> launchers_of(std::index_sequence<kShape...>) {
+  return {&launch<kNvfp4, ShapeAt<kShape>>...};
+}
+
 template <bool kNvfp4>
 void launch_shape(int shape, const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap,
                   cudaStream_t stream) {
-  switch (shape) {
-    case 0: return launch<kNvfp4, Shape0>(table, x, m, k, overlap, stream);
-    case 1: return launch<kNvfp4, Shape1>(table, x, m, k, overlap, stream);
-    case 2: return launch<kNvfp4, Shape2>(table, x, m, k, overlap, stream);
-    case 3: return launch<kNvfp4, Shape3>(table, x, m, k, overlap, stream);
-    case 4: return launch<kNvfp4, Shape4>(table, x, m, k, overlap, stream);
-    case 5: return launch<kNvfp4, Shape5>(table, x, m, k, overlap, stream);
-    case 6: return launch<kNvfp4, Shape6>(table, x, m, k, overlap, stream);
-    case 7: return launch<kNvfp4, Shape7>(table, x, m, k, overlap, stream);
-    case 8: return launch<kNvfp4, Shape8>(table, x, m, k, overlap, stream);
-    case 9: return launch<kNvfp4, Shape9>(table, x, m, k, overlap, stream);
-    case 10: return launch<kNvfp4, Shape10>(table, x, m, k, overlap, stream);
-    case 11: return launch<kNvfp4, Shape11>(table, x, m, k, overlap, stream);
-    default: throw std::invalid_argument("launch_gemv_quant_sectors: no such shape");
-  }
+  static constexpr auto kLaunchers = launchers_of<kNvfp4>(std::make_index_sequence<kGemvQuantSectorsShapes>());
+  if (shape < 0 || shape >= kGemvQuantSectorsShapes)
+    throw std::invalid_argument("launch_gemv_quant_sectors: no such shape");
+  kLaunchers[static_cast<size_t>(shape)](table, x, m, k, overlap, stream);
 }
 
 }  // namespace
@@ -75,7 +71,7 @@ bool gemv_quant_sectors_fit(const QuantGemvJob* jobs, int num_jobs, int k) {
 
 int gemv_quant_sectors_tile_rows(int shape) {
   if (shape < 0 || shape >= kGemvQuantSectorsShapes) throw std::invalid_argument("gemv_quant_sectors: no such shape");
-  return kTileRows[shape];
+  return kTileRows[static_cast<size_t>(shape)];
 }
 
 void launch_gemv_quant_sectors(int shape, bool nvfp4, const kernels::QuantGemvTable& table, const float* x, int m,
