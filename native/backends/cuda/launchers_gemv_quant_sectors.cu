@@ -34,6 +34,11 @@ constexpr std::array<int, sizeof...(kShape)> tile_rows_of(std::index_sequence<kS
 }
 constexpr auto kTileRows = tile_rows_of(std::make_index_sequence<kGemvQuantSectorsShapes>());
 
+size_t checked_shape(int shape) {
+  if (shape < 0 || shape >= kGemvQuantSectorsShapes) throw std::invalid_argument("gemv_quant_sectors: no such shape");
+  return static_cast<size_t>(shape);
+}
+
 template <bool kNvfp4, typename Shape>
 void launch(const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(table.first_tile[table.num_jobs])), block(Shape::kThreads);
@@ -54,9 +59,7 @@ template <bool kNvfp4>
 void launch_shape(int shape, const kernels::QuantGemvTable& table, const float* x, int m, int k, bool overlap,
                   cudaStream_t stream) {
   static constexpr auto kLaunchers = launchers_of<kNvfp4>(std::make_index_sequence<kGemvQuantSectorsShapes>());
-  if (shape < 0 || shape >= kGemvQuantSectorsShapes)
-    throw std::invalid_argument("launch_gemv_quant_sectors: no such shape");
-  kLaunchers[static_cast<size_t>(shape)](table, x, m, k, overlap, stream);
+  kLaunchers[checked_shape(shape)](table, x, m, k, overlap, stream);
 }
 
 }  // namespace
@@ -70,8 +73,7 @@ bool gemv_quant_sectors_fit(const QuantGemvJob* jobs, int num_jobs, int k) {
 }
 
 int gemv_quant_sectors_tile_rows(int shape) {
-  if (shape < 0 || shape >= kGemvQuantSectorsShapes) throw std::invalid_argument("gemv_quant_sectors: no such shape");
-  return kTileRows[static_cast<size_t>(shape)];
+  return kTileRows[checked_shape(shape)];
 }
 
 void launch_gemv_quant_sectors(int shape, bool nvfp4, const kernels::QuantGemvTable& table, const float* x, int m,
