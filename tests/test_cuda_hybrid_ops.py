@@ -137,9 +137,14 @@ def test_gdn_gates(ops, rng):
     check(g, -np.exp(a_log.astype(np.float64)) * softplus, rng, 1e-6, "g")
 
 
-def test_gated_rmsnorm(ops, rng):
-    x, z, w = randn(rng, 50, 128), randn(rng, 50, 128), randn(rng, 128)
-    out = poisoned(50, 128)
+# 128/256/512 take the warp-a-row kernel (rows not a multiple of its 4 warps a block), the
+# others the block-a-row one.
+@pytest.mark.parametrize(
+    "rows, dim", [(50, 128), (1027, 128), (33, 256), (9, 512), (50, 96), (5, 2048)]
+)
+def test_gated_rmsnorm(ops, rng, rows, dim):
+    x, z, w = randn(rng, rows, dim), randn(rng, rows, dim), randn(rng, dim)
+    out = poisoned(rows, dim)
     ops.gated_rmsnorm(x, z, w, 1e-6, out)
     x64 = x.astype(np.float64)
     ref = (
@@ -151,7 +156,7 @@ def test_gated_rmsnorm(ops, rng):
     check(out, ref, rng, 1e-6, "gated rmsnorm")
 
 
-@pytest.mark.parametrize("dim", [128, 256, 5120])
+@pytest.mark.parametrize("dim", [96, 128, 256, 512, 5120])
 def test_rmsnorm_zero_centered(ops, rng, dim):
     x, w = randn(rng, 7, dim), randn(rng, dim, scale=0.1)
     out = poisoned(7, dim)

@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "backends/cuda/kernels_common.cuh"
+#include "backends/cuda/kernels_row_norm.cuh"
 
 namespace ninfer::cuda::kernels {
 
@@ -39,6 +40,24 @@ __global__ void row_norm(const float* x, int64_t x_stride, const float* __restri
     }
     yr[c] = y;
   }
+}
+
+// row_norm with a warp a row (row_norm_warp_values): the hybrids' per-head norms have rows of
+// 128 or 256 (up to 393k of them in an 8k prefill), too short to keep a block of their own busy.
+template <bool ZERO_CENTERED, bool GATED, int kVec>
+__global__ void row_norm_warps(const float* x, int64_t x_stride, const float* __restrict__ z, int64_t rows,
+                               const float* __restrict__ weight, float eps, float* out, int64_t out_stride) {
+  allow_dependent_launch();  // the next GEMV (GDN out_proj) may start streaming its weights
+  wait_for_prerequisite_grids();  // when launched overlapping the delta rule
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float4 y[kVec];
+  row_norm_warp_values<ZERO_CENTERED, GATED, kVec>(x + row * x_stride, GATED ? z + row * 128 * kVec : nullptr,
+                                                   weight, eps, lane, y);
+  float4* yr = reinterpret_cast<float4*>(out + row * out_stride);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) yr[lane + 32 * i] = y[i];
 }
 
 __global__ void split_query_gate(const float* __restrict__ in, int64_t total, int64_t head_dim,

@@ -220,19 +220,47 @@ void launch_gated_delta_rule_chunked(const GdnDims& shape, const DeltaRuleArgs& 
   launch_gdn_chunk_scan(shape, args, seqs, num_seqs, workspace, stream);
 }
 
+namespace {
+
+bool vector_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// row_norm<ZC, GATED> over rows of dim: a warp a row (row_norm_warps) where dim is 128, 256 or
+// 512 and every row starts 16-byte aligned, else a block a row.
+template <bool ZC, bool GATED>
+void launch_row_norm(bool overlap, const float* x, int64_t x_stride, const float* z, int64_t rows, int64_t dim,
+                     const float* weight, float eps, float* out, int64_t out_stride, cudaStream_t stream) {
+  if (rows <= 0) return;
+  const bool vectors = (dim == 128 || dim == 256 || dim == 512) && x_stride % 4 == 0 && out_stride % 4 == 0 &&
+                       vector_aligned(x) && vector_aligned(out) && vector_aligned(weight) &&
+                       (!GATED || vector_aligned(z));
+  if (!vectors) {
+    launch_overlapped(overlap, dim3(static_cast<unsigned int>(rows)), dim3(norm_threads(dim)), 0, stream,
+                      kernels::row_norm<ZC, GATED>, x, x_stride, z, dim, weight, eps, out, out_stride);
+    return;
+  }
+  constexpr int kWarps = 4;
+  const dim3 grid(static_cast<unsigned int>((rows + kWarps - 1) / kWarps)), block(32 * kWarps);
+  if (dim == 128)
+    launch_overlapped(overlap, grid, block, 0, stream, kernels::row_norm_warps<ZC, GATED, 1>, x, x_stride, z, rows,
+                      weight, eps, out, out_stride);
+  else if (dim == 256)
+    launch_overlapped(overlap, grid, block, 0, stream, kernels::row_norm_warps<ZC, GATED, 2>, x, x_stride, z, rows,
+                      weight, eps, out, out_stride);
+  else
+    launch_overlapped(overlap, grid, block, 0, stream, kernels::row_norm_warps<ZC, GATED, 4>, x, x_stride, z, rows,
+                      weight, eps, out, out_stride);
+}
+
+}  // namespace
+
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
                           float* out, cudaStream_t stream, bool overlap) {
-  if (rows <= 0) return;
-  launch_overlapped(overlap, dim3(static_cast<unsigned int>(rows)), dim3(norm_threads(dim)), 0, stream,
-                    kernels::row_norm<false, true>, x, dim, z, dim, weight, eps, out, dim);
+  launch_row_norm<false, true>(overlap, x, dim, z, rows, dim, weight, eps, out, dim, stream);
 }
 
 void launch_rmsnorm_zero_centered(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,
                                   float eps, float* out, int64_t out_stride, cudaStream_t stream) {
-  if (rows <= 0) return;
-  kernels::row_norm<true, false><<<static_cast<unsigned int>(rows), norm_threads(dim), 0, stream>>>(
-      x, x_stride, nullptr, dim, weight, eps, out, out_stride);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_row_norm<true, false>(false, x, x_stride, nullptr, rows, dim, weight, eps, out, out_stride, stream);
 }
 
 void launch_split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads, int64_t head_dim, float* query,
