@@ -10,6 +10,7 @@ In one process:
    format's rate;
 3. prefill of 8192 tokens end to end (the second of two runs; the first grows the scratch) on
    the 27B and 35B-A3B shapes (random weights made on the device) for bf16, fp8 (FP8 GEMM, and
+   NINFER_FP8_FUSED=0 for the quantizer run apart from the SwiGLU and the gated norm, and
    NINFER_FP8_GEMM=0 for the old path on the same weights), nvfp4 (bf16 path, and
    NINFER_NVFP4_PREFILL=fp8); floor = FLOPs ÷ rate, the quantized dense matmuls at the
    format's GEMM rate, everything else (MoE experts, which run bf16, attention, the delta
@@ -137,7 +138,12 @@ def run_shape(name: str, dtype: str, rates: dict) -> list[dict]:
     variants = {
         "bf16": [("bf16", {}, "bf16")],
         "fp8": [
-            ("fp8 (FP8 GEMM)", {"NINFER_FP8_GEMM": "1"}, "fp8"),
+            ("fp8 (FP8 GEMM)", {"NINFER_FP8_GEMM": "1", "NINFER_FP8_FUSED": "1"}, "fp8"),
+            (
+                "fp8 (FP8 GEMM, producers unfused)",
+                {"NINFER_FP8_GEMM": "1", "NINFER_FP8_FUSED": "0"},
+                "fp8",
+            ),
             ("fp8 (bf16 fallback)", {"NINFER_FP8_GEMM": "0"}, "bf16"),
         ],
         "nvfp4": [
@@ -174,7 +180,7 @@ def run_shape(name: str, dtype: str, rates: dict) -> list[dict]:
             f"floor {floor * 1e3:.0f} ms ({100 * floor / seconds:.1f}%)",
             flush=True,
         )
-    for key in ("NINFER_FP8_GEMM", "NINFER_NVFP4_PREFILL"):
+    for key in ("NINFER_FP8_GEMM", "NINFER_FP8_FUSED", "NINFER_NVFP4_PREFILL"):
         os.environ.pop(key, None)
     del runner
     gc.collect()

@@ -267,3 +267,109 @@ def test_quantized_model_prefill_through_the_fp8_gemm_matches_the_cpu(model, tmp
         # 2026-12-02 session 2), so it gets a wider margin than the FP8 weights' own path
         margin = 0.1 if dtype == "fp8" else 0.2
         assert agree >= w8a8_agree - margin, (agree, w8a8_agree)
+
+
+@pytest.mark.parametrize(("m", "k"), [(16, 128), (19, 640), (333, 5120)])
+def test_swiglu_quantized_as_computed_equals_the_quantized_swiglu(gemm, m, k):
+    """The fused MLP producer writes the codes and scales (both scale layouts, the m % 4 tail's
+    included) that the quantizer writes for the swiglu kernel's f32 output, bit for bit."""
+    rng = np.random.default_rng([m, k, 5])
+    gate, up = uneven_activations(rng, m, k), uneven_activations(rng, m, k)
+    product = np.full(m * k, np.nan, np.float32)
+    _core.CudaOps(0).swiglu(gate.ravel(), up.ravel(), product)
+    want_codes, want_scales = gemm.quantize(product.reshape(m, k))
+    codes, scales = gemm.quantize_swiglu(gate, up)
+    np.testing.assert_array_equal(scales, want_scales)
+    np.testing.assert_array_equal(codes, want_codes)
+
+
+@pytest.mark.parametrize(("m", "heads", "dim"), [(16, 48, 128), (19, 3, 256), (37, 2, 512)])
+def test_gated_norm_quantized_as_computed_equals_the_quantized_norm(gemm, m, heads, dim):
+    """The fused GDN output producer: codes and scales of the gated norm's f32 output, bit for
+    bit (each head's dim / 128 groups its own scale)."""
+    rng = np.random.default_rng([m, heads, dim])
+    x, z = uneven_activations(rng, m, heads * dim), uneven_activations(rng, m, heads * dim)
+    weight = rng.standard_normal(dim).astype(np.float32)
+    normed = np.full((m * heads, dim), np.nan, np.float32)
+    _core.CudaHybridOps(0).gated_rmsnorm(
+        x.reshape(-1, dim), z.reshape(-1, dim), weight, 1e-6, normed
+    )
+    want_codes, want_scales = gemm.quantize(normed.reshape(m, heads * dim))
+    codes, scales = gemm.quantize_gated_rmsnorm(x, z, weight, 1e-6)
+    np.testing.assert_array_equal(scales, want_scales)
+    np.testing.assert_array_equal(codes, want_codes)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "nvfp4", "bf16"])
+@pytest.mark.parametrize("m", [5, 77])
+def test_backend_swiglu_matmul_equals_swiglu_then_matmul(dtype, m):
+    """CudaBackend.swiglu_matmul (fused into the FP8 GEMM's operand for FP8 weights at m > 16,
+    the two ops otherwise) gives the two ops' output exactly."""
+    ops = _core.CudaOps(0)
+    rng = np.random.default_rng([m, len(dtype)])
+    k, rows = 640, 264
+    gate, up = uneven_activations(rng, m, k), uneven_activations(rng, m, k)
+    w = uneven_weight(rng, rows, k)
+    blob = {"fp8": quantize_fp8, "nvfp4": quantize_nvfp4, "bf16": f32_to_bf16_bits}[dtype](w)
+    product = np.full((m, k), np.nan, np.float32)
+    ops.swiglu(gate, up, product)
+    want = np.full((m, rows), np.nan, np.float32)
+    ops.matmul_many(product, [blob], dtype, [want], [None], "auto")
+    got = np.full((m, rows), np.nan, np.float32)
+    ops.swiglu_matmul(gate.copy(), up, blob, dtype, got)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+
+
+# 128-wide value heads: the GDN output projection's operand comes from the gated norm itself
+WIDE_HEAD_CONFIG = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "mtp_num_hidden_layers": 0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+}
+
+
+@pytest.mark.parametrize("tokens", [77, 300])
+def test_fused_fp8_producers_give_the_unfused_prefill_bit_for_bit(tmp_path, monkeypatch, tokens):
+    """An FP8 hybrid's prefill with the SwiGLU and the GDN gated norm writing the FP8 GEMM's
+    operand (the default) equals the one through their f32 outputs and the quantizer
+    (NINFER_FP8_FUSED=0) exactly, and differs from the W8A16 prefill (the FP8 path ran). 300
+    tokens take the chunked delta rule, 77 (m % 4 != 0: the tail GEMM) too."""
+    from ninfer.convert.random import make_random_artifact
+
+    path = make_random_artifact(
+        WIDE_HEAD_CONFIG, tmp_path / "fp8.ninfer", dtype="fp8", tokenizer="synthetic"
+    )
+    ids = np.random.default_rng(tokens).integers(0, 512, size=tokens).tolist()
+    gpu = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=512, device="cuda")
+    got = {}
+    for mode, env in {
+        "fused": {"NINFER_FP8_FUSED": "1"},
+        "apart": {"NINFER_FP8_FUSED": "0"},
+        "w8a16": {"NINFER_FP8_GEMM": "0"},
+    }.items():
+        monkeypatch.delenv("NINFER_FP8_GEMM", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        got[mode] = gpu.forward(0, 0, ids, all_logits=True)
+        gpu.reset(0)
+    assert np.isfinite(got["fused"]).all()
+    np.testing.assert_array_equal(got["fused"], got["apart"])
+    assert not np.array_equal(got["fused"], got["w8a16"]), "the FP8 GEMM did not run"

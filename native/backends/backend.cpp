@@ -62,6 +62,15 @@ void Backend::gdn_mixer(const GdnShape&, const GdnLayerWeights&, std::span<const
                         const float*, const float*, const float*, float*, GdnForm) {
   not_implemented(*this, "gdn_mixer");
 }
+
+void Backend::gdn_mixer_projected(const GdnShape& shape, const GdnLayerWeights& weights,
+                                  std::span<const GdnSlice> slices, float* mixed, const float* z, const float* b,
+                                  const float* a, float* out, const Weight& out_proj, float* y) {
+  gdn_mixer(shape, weights, slices, mixed, z, b, a, out);
+  int64_t rows = 0;
+  for (const auto& s : slices) rows += s.num_tokens;
+  if (rows > 0) matmul(out, rows, out_proj, nullptr, y);
+}
 void Backend::split_query_gate(const float*, int64_t, int64_t, int64_t, float*, float*) {
   not_implemented(*this, "split_query_gate");
 }

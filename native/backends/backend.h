@@ -239,6 +239,13 @@ class Backend {
                          float* out) = 0;
   // out = silu(gate) * up over n elements (out may alias gate or up).
   virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // An MLP's down projection of its SwiGLU: y = matmul(silu(gate) * up, down), gate and up
+  // [rows, down.cols]; gate is scratch afterwards. A backend may skip the product's f32 form
+  // (the CUDA FP8 prefill GEMM quantizes it as it is computed); the results equal the two ops.
+  virtual void swiglu_matmul(float* gate, const float* up, int64_t rows, const Weight& down, float* y) {
+    swiglu(gate, up, rows * down.cols, gate);
+    matmul(gate, rows, down, nullptr, y);
+  }
   // y += x over n elements.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   // The residual add followed by the next RMSNorm: y += x, then normed = rms_norm(y) over rows
@@ -273,6 +280,12 @@ class Backend {
   virtual void gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weights,
                          std::span<const GdnSlice> slices, float* mixed, const float* z,
                          const float* b, const float* a, float* out, GdnForm form = GdnForm::Auto);
+  // gdn_mixer, then its output projection: y [rows, out_proj.rows] = out · out_proj^T (out is
+  // scratch afterwards). A backend may skip out's f32 form (the CUDA FP8 prefill GEMM takes the
+  // gated norm's values quantized as they are computed); the results equal the two ops.
+  virtual void gdn_mixer_projected(const GdnShape& shape, const GdnLayerWeights& weights,
+                                   std::span<const GdnSlice> slices, float* mixed, const float* z, const float* b,
+                                   const float* a, float* out, const Weight& out_proj, float* y);
   // q_proj output [tokens, heads, 2·head_dim] → query and gate [tokens, heads, head_dim]: head
   // h's query is its first head_dim features, its gate the next head_dim (spec §2.3, §8.2).
   virtual void split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads,

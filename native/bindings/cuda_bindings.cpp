@@ -186,6 +186,22 @@ class CudaOps {
     o.download();
   }
 
+  // out = matmul(silu(gate) * up, weight) by the backend's fused MLP op (gate is scratch).
+  void swiglu_matmul(py::array gate, py::array up, py::array weight_data, const std::string& dtype, py::array out) {
+    if (gate.ndim() != 2 || up.ndim() != 2 || out.ndim() != 2 || gate.shape(0) != out.shape(0))
+      throw py::value_error("swiglu_matmul: gate, up [m, k] and out [m, rows]");
+    TensorView view;  // the weight [out.shape(1), k] as stored (bf16 bits, or a quantized blob)
+    view.name = "down";
+    view.dtype = dtype_from_name(dtype);
+    view.shape = {out.shape(1), gate.shape(1)};
+    view.nbytes = static_cast<uint64_t>(weight_data.nbytes());
+    view.data = weight_data.data();
+    const Weight w = backend_.upload_weight(view);
+    Mirror g(backend_, gate, "gate"), u(backend_, up, "up"), o(backend_, out, "out");
+    backend_.swiglu_matmul(g.device(), u.device(), gate.shape(0), w, o.device());
+    o.download();
+  }
+
   void add(py::array y, py::array x) {
     Mirror yd(backend_, y, "y"), xd(backend_, x, "x");
     backend_.add(yd.device(), xd.device(), y.size());
@@ -421,6 +437,8 @@ void bind_cuda(py::module_& m) {
       .def("rope", &CudaOps::rope, py::arg("x"), py::arg("positions"), py::arg("inv_freq"),
            py::arg("attention_factor") = 1.0f)
       .def("swiglu", &CudaOps::swiglu, py::arg("gate"), py::arg("up"), py::arg("out"))
+      .def("swiglu_matmul", &CudaOps::swiglu_matmul, py::arg("gate"), py::arg("up"), py::arg("weight"),
+           py::arg("dtype"), py::arg("out"))
       .def("add", &CudaOps::add, py::arg("y"), py::arg("x"))
       .def("gather_rows", &CudaOps::gather_rows, py::arg("src"), py::arg("rows"), py::arg("out"))
       .def("moe_experts", &CudaOps::moe_experts, py::arg("x"), py::arg("router_logits"), py::arg("gate_up"),

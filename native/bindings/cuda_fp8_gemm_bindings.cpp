@@ -92,29 +92,48 @@ class CudaFp8Gemm {
   py::tuple quantize(py::array x) {
     check_array<float>(x, "x");
     if (x.ndim() != 2) throw py::value_error("x: [m, k]");
-    const int64_t m = x.shape(0), k = x.shape(1), groups = k / 128, main = m & ~int64_t(3);
+    const int64_t m = x.shape(0), k = x.shape(1);
     NINFER_CUDA_CHECK(cudaSetDevice(device_));
     Buffer xd(x.nbytes());
     NINFER_CUDA_CHECK(cudaMemcpyAsync(xd.as<void>(), x.data(), x.nbytes(), cudaMemcpyHostToDevice, stream_));
     gemm_->quantize_activations(xd.as<float>(), m, k);
-    py::array_t<uint8_t> codes({m, k});
-    std::vector<float> main_scales(static_cast<size_t>(groups * main)), tail(static_cast<size_t>(groups * 16));
-    NINFER_CUDA_CHECK(cudaMemcpyAsync(codes.mutable_data(), gemm_->activation_codes(), static_cast<size_t>(m * k),
-                                      cudaMemcpyDeviceToHost, stream_));
-    NINFER_CUDA_CHECK(cudaMemcpyAsync(main_scales.data(), gemm_->activation_scales(), main_scales.size() * 4,
-                                      cudaMemcpyDeviceToHost, stream_));
-    if (main != m)
-      NINFER_CUDA_CHECK(cudaMemcpyAsync(tail.data(), gemm_->tail_activation_scales(), tail.size() * 4,
-                                        cudaMemcpyDeviceToHost, stream_));
-    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    // Both layouts back to [m, groups]: the token-major main scales, the last 16 rows' own.
-    py::array_t<float> scales({m, groups});
-    auto s = scales.mutable_unchecked<2>();
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t g = 0; g < groups; ++g)
-        s(r, g) = r < main ? main_scales[static_cast<size_t>(g * main + r)]
-                           : tail[static_cast<size_t>(g * 16 + r - (m - 16))];
-    return py::make_tuple(codes, scales);
+    return activations(m, k);
+  }
+
+  // The same of silu(gate) · up, quantized as it is computed (the fused MLP producer).
+  py::tuple quantize_swiglu(py::array gate, py::array up) {
+    check_array<float>(gate, "gate");
+    check_array<float>(up, "up");
+    if (gate.ndim() != 2 || up.ndim() != 2 || gate.shape(0) != up.shape(0) || gate.shape(1) != up.shape(1))
+      throw py::value_error("gate, up: [m, k] each");
+    const int64_t m = gate.shape(0), k = gate.shape(1);
+    NINFER_CUDA_CHECK(cudaSetDevice(device_));
+    Buffer gd(gate.nbytes()), ud(up.nbytes());
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(gd.as<void>(), gate.data(), gate.nbytes(), cudaMemcpyHostToDevice, stream_));
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(ud.as<void>(), up.data(), up.nbytes(), cudaMemcpyHostToDevice, stream_));
+    cuda::launch_swiglu_to_fp8_activations(gd.as<float>(), ud.as<float>(), gemm_->activation_sink(m, k), stream_);
+    return activations(m, k);
+  }
+
+  // The same of the GDN output's gated RMSNorm of x, z [m, heads · dim] (dim = weight's size),
+  // quantized as it is computed (the fused output-projection producer).
+  py::tuple quantize_gated_rmsnorm(py::array x, py::array z, py::array weight, float eps) {
+    check_array<float>(x, "x");
+    check_array<float>(z, "z");
+    check_array<float>(weight, "weight");
+    if (x.ndim() != 2 || z.ndim() != 2 || x.shape(0) != z.shape(0) || x.shape(1) != z.shape(1) ||
+        x.shape(1) % weight.size() != 0)
+      throw py::value_error("x, z: [m, heads * dim] each, weight [dim]");
+    const int64_t m = x.shape(0), k = x.shape(1), dim = weight.size();
+    NINFER_CUDA_CHECK(cudaSetDevice(device_));
+    Buffer xd(x.nbytes()), zd(z.nbytes()), wd(weight.nbytes());
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(xd.as<void>(), x.data(), x.nbytes(), cudaMemcpyHostToDevice, stream_));
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(zd.as<void>(), z.data(), z.nbytes(), cudaMemcpyHostToDevice, stream_));
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(wd.as<void>(), weight.data(), weight.nbytes(), cudaMemcpyHostToDevice, stream_));
+    if (!cuda::launch_gated_rmsnorm_to_fp8_activations(xd.as<float>(), zd.as<float>(), k / dim, dim, wd.as<float>(),
+                                                       eps, gemm_->activation_sink(m, k), stream_))
+      throw py::value_error("the fused gated norm takes head dims of 128, 256 or 512");
+    return activations(m, k);
   }
 
   // y [m, rows] = x · W^T (+ bias) through the FP8 GEMM (W8A8), W the stored tensor `blob`;
@@ -303,6 +322,29 @@ class CudaFp8Gemm {
   }
 
  private:
+  // The last activations of the GEMM: (codes [m, k], scales [m, k / 128]), both of their scale
+  // layouts (the token-major main one, the last 16 rows' own) read back as [m, groups].
+  py::tuple activations(int64_t m, int64_t k) {
+    const int64_t groups = k / 128, main = m & ~int64_t(3);
+    py::array_t<uint8_t> codes({m, k});
+    std::vector<float> main_scales(static_cast<size_t>(groups * main)), tail(static_cast<size_t>(groups * 16));
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(codes.mutable_data(), gemm_->activation_codes(), static_cast<size_t>(m * k),
+                                      cudaMemcpyDeviceToHost, stream_));
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(main_scales.data(), gemm_->activation_scales(), main_scales.size() * 4,
+                                      cudaMemcpyDeviceToHost, stream_));
+    if (main != m)
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(tail.data(), gemm_->tail_activation_scales(), tail.size() * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    py::array_t<float> scales({m, groups});
+    auto s = scales.mutable_unchecked<2>();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t g = 0; g < groups; ++g)
+        s(r, g) = r < main ? main_scales[static_cast<size_t>(g * main + r)]
+                           : tail[static_cast<size_t>(g * 16 + r - (m - 16))];
+    return py::make_tuple(codes, scales);
+  }
+
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   void* cublas_ = nullptr;
@@ -320,6 +362,11 @@ void bind_cuda_fp8_gemm(py::module_& m) {
       .def(py::init<int, bool>(), py::arg("device") = 0, py::arg("x_first") = false,
            "x_first: only the pairing with x as cuBLASLt's A (its output transposed back), for tests")
       .def("quantize", &CudaFp8Gemm::quantize, py::arg("x"))
+      .def("quantize_gated_rmsnorm", &CudaFp8Gemm::quantize_gated_rmsnorm, py::arg("x"), py::arg("z"),
+           py::arg("weight"), py::arg("eps"),
+           "(codes, scales) of the GDN gated norm, quantized as the fused producer computes it")
+      .def("quantize_swiglu", &CudaFp8Gemm::quantize_swiglu, py::arg("gate"), py::arg("up"),
+           "(codes, scales) of silu(gate) * up, quantized as the fused MLP producer computes it")
       .def("matmul", &CudaFp8Gemm::matmul, py::arg("x"), py::arg("dtype"), py::arg("blob"), py::arg("rows"),
            py::arg("bias") = py::none())
       .def("raw_gemm", &CudaFp8Gemm::raw_gemm, py::arg("w_codes"), py::arg("w_scales"), py::arg("x_codes"),

@@ -297,7 +297,7 @@ int64_t LlamaModel::enqueue_step(const BatchPlan& plan) {
   check_plan(plan);
   const int64_t t = static_cast<int64_t>(plan.tokens.size());
   if (t == 0) return 0;
-  const int64_t h = cfg_.hidden, hd = cfg_.head_dim, inter = cfg_.intermediate;
+  const int64_t h = cfg_.hidden, hd = cfg_.head_dim;
   std::vector<int32_t> positions(static_cast<size_t>(t));
   std::vector<AttentionSlice> slices;
   std::vector<int32_t> logit_rows;
@@ -343,8 +343,7 @@ int64_t LlamaModel::enqueue_step(const BatchPlan& plan) {
       b.rms_norm(hidden, t, h, L.post_norm.data(), cfg_.eps, normed);
       const MatmulOutput gate_up[] = {{&L.gate, nullptr, gate}, {&L.up, nullptr, up}};
       b.matmul_many(normed, t, gate_up);
-      b.swiglu(gate, up, t * inter, gate);
-      b.matmul(gate, t, L.down, nullptr, normed);
+      b.swiglu_matmul(gate, up, t, L.down, normed);
       reduce_partial_sums(normed, t * h);
       b.add(hidden, normed, t * h);
     }

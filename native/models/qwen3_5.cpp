@@ -742,8 +742,8 @@ void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, f
     slices.push_back(slice);
   }
   const GdnLayerWeights weights{L.conv_weight.data(), L.A_log.data(), L.dt_bias.data(), L.gdn_norm.data()};
-  b.gdn_mixer(cfg_.gdn, weights, slices, mixed_.data(), z_.data(), b_.data(), a_.data(), gdn_out_.data());
-  b.matmul(gdn_out_.data(), t, L.out_proj, nullptr, out);
+  b.gdn_mixer_projected(cfg_.gdn, weights, slices, mixed_.data(), z_.data(), b_.data(), a_.data(), gdn_out_.data(),
+                        L.out_proj, out);
   reduce_partial_sums(out, t * cfg_.hidden);
 }
 
@@ -751,7 +751,7 @@ void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, f
 // normed_ into out [t, hidden].
 void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
   Backend& b = *backend_;
-  const int64_t h = cfg_.hidden, ff = cfg_.moe ? cfg_.shared_ff : cfg_.intermediate;
+  const int64_t h = cfg_.hidden;
   float* x = normed_.data();
   float* dense_out = out;
   if (cfg_.moe) {
@@ -767,8 +767,7 @@ void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
   }
   const MatmulOutput gate_up[] = {{&L.gate, nullptr, ff_gate_.data()}, {&L.up, nullptr, ff_up_.data()}};
   b.matmul_many(x, t, gate_up);
-  b.swiglu(ff_gate_.data(), ff_up_.data(), t * ff, ff_gate_.data());
-  b.matmul(ff_gate_.data(), t, L.down, nullptr, dense_out);
+  b.swiglu_matmul(ff_gate_.data(), ff_up_.data(), t, L.down, dense_out);
   if (cfg_.moe) b.add_sigmoid_gated(out, shared_out_.data(), shared_gate_.data(), t, h);
   reduce_partial_sums(out, t * h);  // the experts' and the shared expert's partial sums at once
 }

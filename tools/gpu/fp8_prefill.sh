@@ -8,6 +8,7 @@
 #   PROBE=1: first the scale-layout probe (tools/gpu/fp8_scale_probe.py: where cuBLASLt reads
 #   the block scales, and the GEMM against float64), and last a kernel profile of one 27B FP8
 #   prefill (tools/gpu/prefill_profile.py) if 25 s are left.
+#   PROFILE=1: the kernel profile alone (default: as PROBE).
 #   SHAPES="qwen3.6-27b": the benchmark's shapes (default: its own list).
 set -uo pipefail
 out=${1:?usage: tools/gpu/fp8_prefill.sh OUT_DIR [SECONDS]}
@@ -33,7 +34,7 @@ if [ "${PROBE:-0}" = 1 ]; then
 fi
 
 echo "== FP8 prefill tests ($(left) s left)"
-timeout 60 "$py" -m pytest -m gpu tests/test_cuda_fp8_gemm.py tests/test_cuda_moe_decode.py tests/test_cuda_quant_gemv.py \
+timeout 150 "$py" -m pytest -m gpu tests/test_cuda_fp8_gemm.py tests/test_cuda_moe_decode.py tests/test_cuda_quant_gemv.py \
   -q -rs -s -p no:cacheprovider -o addopts="" \
   -k "test_cuda_fp8_gemm or quantized_moe_hybrid or modelopt_mixed or (quantized_model and eager)" 2>&1 |
   tee "$out/tests.log" | grep -E "rms|nvfp4 via|passed|failed|Error|assert|^E " | tail -40
@@ -47,7 +48,7 @@ timeout $(( $(left) > 5 ? $(left) - 2 : 3 )) "$py" bench/bench_cuda_fp8_prefill.
   tee "$out/bench.log" | tail -45
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-if [ "${PROBE:-0}" = 1 ] && [ "$(left)" -gt 25 ]; then
+if [ "${PROFILE:-${PROBE:-0}}" = 1 ] && [ "$(left)" -gt 25 ]; then
   echo "== profile ($(left) s left)"
   timeout $(( $(left) - 3 )) "$py" tools/gpu/prefill_profile.py --out "$out" 2>&1 | tee "$out/profile.log" | tail -40
 fi

@@ -36,7 +36,7 @@ KINDS = [
     ("gemm", ("gemm", "xmma", "cutlass", "sm90", "cublas", "matmul", "gemv", "mma")),
     (
         "norm / elementwise",
-        ("norm", "silu", "add", "mul", "gate", "bf16", "f32", "copy", "convert", "scale"),
+        ("norm", "silu", "swiglu", "add", "mul", "gate", "bf16", "f32", "copy", "convert", "scale"),
     ),
 ]
 

@@ -40,6 +40,7 @@
 namespace ninfer::cuda {
 
 class Fp8BlockGemm;  // fp8_block_gemm.h
+struct Fp8ActivationSink;  // launchers_fp8_prefill.h
 
 // CUDA devices visible to this process (0 without a driver or device).
 int device_count();
@@ -128,18 +129,21 @@ class CudaBackend final : public Backend {
   void attention(KvPool& kv, int64_t layer, const float* q, std::span<const AttentionSlice> slices,
                  const AttentionShape& shape, float* out) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void swiglu_matmul(float* gate, const float* up, int64_t rows, const Weight& down, float* y) override;
   void add(float* y, const float* x, int64_t n) override;
   void add_rms_norm(float* y, const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
                     float* normed) override;
   void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) override;
 
-  // Hybrid models (cuda_backend_hybrid.cpp). gdn_mixer runs the recurrent delta-rule kernel for
-  // every form (token by token, state in registers); a chunked tensor-core kernel for long
-  // prefills is future work.
+  // Hybrid models (cuda_backend_hybrid.cpp). gdn_mixer runs long prefill slices through the
+  // chunked tensor-core delta rule and the rest token by token (state in registers).
   void fill_zero(float* x, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
   void gdn_mixer(const GdnShape& shape, const GdnLayerWeights& weights, std::span<const GdnSlice> slices, float* mixed,
                  const float* z, const float* b, const float* a, float* out, GdnForm form) override;
+  void gdn_mixer_projected(const GdnShape& shape, const GdnLayerWeights& weights, std::span<const GdnSlice> slices,
+                           float* mixed, const float* z, const float* b, const float* a, float* out,
+                           const Weight& out_proj, float* y) override;
   void split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads, int64_t head_dim, float* query,
                         float* gate) override;
   void sigmoid_mul(float* x, const float* gate, int64_t n) override;
@@ -187,6 +191,13 @@ class CudaBackend final : public Backend {
   // FP8/NVFP4 weights (cuda_backend_quant.cpp).
   Weight upload_quantized(const TensorView& tensor, int64_t rows, int64_t cols);
   void matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
+  // gdn_mixer; with norm_sink, its last step (the gated norm) writes norm_sink's FP8 operand
+  // instead of out where it can (out then keeps the delta rule's output).
+  void gdn_mixer_into(const GdnShape& shape, const GdnLayerWeights& weights, std::span<const GdnSlice> slices,
+                      float* mixed, const float* z, const float* b, const float* a, float* out, GdnForm form,
+                      const Fp8ActivationSink* norm_sink);
+  // The FP8 prefill GEMM when it takes w for m rows (and cuBLASLt loaded), else null.
+  Fp8BlockGemm* fp8_gemm_taking(const Weight& w, int64_t m);
   MoePath moe_path_for(int64_t pairs, int64_t hidden, const MoeExperts& experts) const;
   // Quantized expert stacks: the routed experts through the fused decode kernels (ids already
   // routed), or both stacks dequantized into bf16 scratch for the grouped and host paths.

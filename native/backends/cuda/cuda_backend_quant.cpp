@@ -3,7 +3,8 @@
 // Dense weights stay in their stored format on the device: decode-sized batches (m <= 16) run
 // the dequantizing GEMV (W8A16 / W4A16). Larger ones (prefill): FP8 weights run cuBLASLt's
 // block-scaled FP8 GEMM on activations quantized per token and 128 columns (W8A8,
-// fp8_block_gemm.h); NVFP4 weights, and FP8 shapes that path does not take (k % 128 != 0, or
+// fp8_block_gemm.h) — by the quantizer, or, for an MLP's down projection and the GDN output
+// projection, by the kernel that computes them (swiglu_matmul, gdn_mixer_projected); NVFP4 weights, and FP8 shapes that path does not take (k % 128 != 0, or
 // NINFER_FP8_GEMM=0), dequantize the weight into a bf16 scratch and run the bf16 cuBLAS GEMM
 // (NINFER_NVFP4_PREFILL=fp8 sends NVFP4 through the FP8 GEMM after a lossy re-quantization).
 // Expert stacks stay in their stored format too: decode reads them quantized, the grouped
@@ -17,6 +18,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/fp8_block_gemm.h"
+#include "backends/cuda/launchers_fp8_prefill.h"
 #include "backends/cuda/launchers_quant.h"
 #include "backends/quantized_weight.h"
 
@@ -57,6 +59,30 @@ Weight CudaBackend::random_quantized_weight(DType dtype, int64_t rows, int64_t c
   return quantized_weight_at(dtype, rows, cols, group_rows, blob);
 }
 
+Fp8BlockGemm* CudaBackend::fp8_gemm_taking(const Weight& w, int64_t m) {
+  if (!fp8_gemm_enabled() || !Fp8BlockGemm::accepts(w, m, nvfp4_prefill_via_fp8())) return nullptr;
+  if (!fp8_gemm_tried_) {
+    fp8_gemm_tried_ = true;
+    if (Fp8BlockGemm::available()) fp8_gemm_ = std::make_shared<Fp8BlockGemm>(stream_);
+  }
+  return fp8_gemm_.get();
+}
+
+void CudaBackend::swiglu_matmul(float* gate, const float* up, int64_t rows, const Weight& down, float* y) {
+  if (rows > 16 && is_block_quantized(down.dtype) && fp8_fused_producers_enabled()) {
+    note(-18);
+    if (dry()) return;
+    activate();
+    if (Fp8BlockGemm* fp8 = fp8_gemm_taking(down, rows)) {
+      // The product goes straight into the GEMM's e4m3 operand: no f32 [rows, ff] written and
+      // read back by the quantizer (the same codes, see launch_swiglu_to_fp8_activations).
+      launch_swiglu_to_fp8_activations(gate, up, fp8->activation_sink(rows, down.cols), stream_);
+      if (fp8->matmul(down, y)) return;
+    }
+  }
+  Backend::swiglu_matmul(gate, up, rows, down, y);
+}
+
 void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs) {
   const int64_t k = outputs[0].weight->cols;
   for (const auto& o : outputs)
@@ -91,17 +117,10 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
   if (dry()) return;
   // FP8 weights (and NVFP4 ones when NINFER_NVFP4_PREFILL=fp8): x quantized once to e4m3 per
   // token and 128 columns, block-scaled FP8 GEMMs on the tensor cores (fp8_block_gemm.h).
-  Fp8BlockGemm* fp8 = nullptr;
   const bool nvfp4_fp8 = nvfp4_prefill_via_fp8();
-  if (fp8_gemm_enabled() && std::any_of(outputs.begin(), outputs.end(), [&](const MatmulOutput& o) {
-        return Fp8BlockGemm::accepts(*o.weight, m, nvfp4_fp8);
-      })) {
-    if (!fp8_gemm_tried_) {
-      fp8_gemm_tried_ = true;
-      if (Fp8BlockGemm::available()) fp8_gemm_ = std::make_shared<Fp8BlockGemm>(stream_);
-    }
-    fp8 = fp8_gemm_.get();
-  }
+  Fp8BlockGemm* fp8 = nullptr;
+  for (const auto& o : outputs)
+    if (!fp8) fp8 = fp8_gemm_taking(*o.weight, m);
   bool x_quantized = false, x_converted = false;
   uint16_t* xb = nullptr;
   for (const auto& o : outputs) {

@@ -53,6 +53,11 @@ bool nvfp4_prefill_via_fp8() {
   return v && std::strcmp(v, "fp8") == 0;
 }
 
+bool fp8_fused_producers_enabled() {
+  const char* v = std::getenv("NINFER_FP8_FUSED");
+  return !(v && v[0] == '0');
+}
+
 bool fp8_gemm_enabled() {
   // On by default: on the H200 it is within its float64 bound and a model prefilled through it
   // follows the CPU's W8A8 mirror (bench/RESULTS.md, 2026-12-02 session 2).
@@ -80,15 +85,24 @@ bool Fp8BlockGemm::accepts(const Weight& w, int64_t m, bool nvfp4) {
   return nvfp4 && w.dtype == DType::NVFP4;
 }
 
-void Fp8BlockGemm::quantize_activations(const float* x, int64_t m, int64_t k) {
+Fp8ActivationSink Fp8BlockGemm::activation_sink(int64_t m, int64_t k) {
   if (m < kMinRows || k % kFp8Block != 0) throw std::invalid_argument("Fp8BlockGemm: m >= 16 and k % 128 == 0");
   const int64_t main = m & ~int64_t(3), groups = k / kFp8Block;
-  auto* codes = static_cast<uint8_t*>(x_codes_buf_.get(static_cast<size_t>(m * k), stream_));
-  auto* scales = static_cast<float*>(x_scales_buf_.get(static_cast<size_t>(groups * main) * 4, stream_));
-  float* tail = nullptr;
-  if (main != m) tail = static_cast<float*>(tail_scales_buf_.get(static_cast<size_t>(groups * kMinRows) * 4, stream_));
-  launch_quantize_fp8_activations(x, m, k, codes, scales, main, tail, main != m ? m - kMinRows : -1, stream_);
-  x_codes_ = codes, x_scales_ = scales, tail_scales_ = tail, m_ = m, k_ = k;
+  Fp8ActivationSink sink;
+  sink.codes = static_cast<uint8_t*>(x_codes_buf_.get(static_cast<size_t>(m * k), stream_));
+  sink.scales = static_cast<float*>(x_scales_buf_.get(static_cast<size_t>(groups * main) * 4, stream_));
+  sink.ld = main;
+  if (main != m) {
+    sink.tail_scales = static_cast<float*>(tail_scales_buf_.get(static_cast<size_t>(groups * kMinRows) * 4, stream_));
+    sink.tail_first = m - kMinRows;
+  }
+  sink.m = m, sink.k = k;
+  x_codes_ = sink.codes, x_scales_ = sink.scales, tail_scales_ = sink.tail_scales, m_ = m, k_ = k;
+  return sink;
+}
+
+void Fp8BlockGemm::quantize_activations(const float* x, int64_t m, int64_t k) {
+  launch_quantize_fp8_activations(x, activation_sink(m, k), stream_);
 }
 
 Fp8BlockGemm::Plan& Fp8BlockGemm::plan(int64_t m, int64_t n, int64_t k, uint32_t alignment) {

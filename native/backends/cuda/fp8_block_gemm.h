@@ -29,6 +29,7 @@
 #include "backends/backend.h"
 #include "backends/cuda/cublaslt_runtime.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/launchers_fp8_prefill.h"
 
 namespace ninfer::cuda {
 
@@ -39,6 +40,11 @@ bool nvfp4_prefill_via_fp8();
 // True unless NINFER_FP8_GEMM=0, which sends FP8 weights' prefill through the bf16 dequantize
 // + cuBLAS path (W8A16) instead of this GEMM (W8A8).
 bool fp8_gemm_enabled();
+// True unless NINFER_FP8_FUSED=0: the kernels that compute an MLP's SwiGLU and the GDN output's
+// gated norm write this GEMM's e4m3 operand themselves (bit for bit what the quantizer writes
+// for their f32 output, which is then skipped); 0 runs them and the quantizer apart (tests,
+// benchmarks).
+bool fp8_fused_producers_enabled();
 
 class Fp8BlockGemm {
  public:
@@ -57,6 +63,9 @@ class Fp8BlockGemm {
 
   // Quantizes x [m, k] (f32) for the matmuls that follow; all of them read this x.
   void quantize_activations(const float* x, int64_t m, int64_t k);
+  // Where a producer kernel writes the activations [m, k] of the matmuls that follow instead
+  // (launchers_fp8_prefill.h); they read it once the producer has run on this stream.
+  Fp8ActivationSink activation_sink(int64_t m, int64_t k);
   // y[m, w.rows] = x · w^T (f32, no bias) with the last quantized x; false (nothing written)
   // when cuBLASLt has no algorithm for the shape, and the caller takes another path.
   bool matmul(const Weight& w, float* y);

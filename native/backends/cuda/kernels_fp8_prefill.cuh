@@ -11,6 +11,8 @@
 #include <cstdint>
 
 #include "backends/cuda/kernels_common.cuh"
+#include "backends/cuda/kernels_row_norm.cuh"
+#include "backends/cuda/launchers_fp8_prefill.h"
 
 namespace ninfer::cuda::kernels {
 
@@ -37,23 +39,64 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d, f
   return codes & ~(__vcmpeq4(codes, 0x80808080u) & 0x80808080u);
 }
 
-// One warp per (row, 128-column group): each lane quantizes 4 consecutive values.
-__global__ void quantize_fp8_activations(const float* __restrict__ x, int64_t m, int64_t k,
-                                         uint8_t* __restrict__ codes, float* __restrict__ scales, int64_t ld,
-                                         float* __restrict__ tail_scales, int64_t tail_first) {
-  const int64_t groups = k / 128;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  if (warp >= m * groups) return;
-  const int64_t r = warp / groups, g = warp % groups;
-  const float4 v = reinterpret_cast<const float4*>(x + r * k + g * 128)[lane];
+// One warp's (row r, 128-column group g): lane l holds columns 4l..4l+3 of the group in v.
+// Every producer of FP8 GEMM activations stores through this, so a fused producer writes the
+// codes and scales the quantizer would write for its f32 output, bit for bit.
+__device__ __forceinline__ void store_fp8_group(const Fp8ActivationSink& sink, int64_t r, int64_t g, int lane,
+                                                float4 v) {
   const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   const float s = fp8_group_scale(amax);
-  reinterpret_cast<uint32_t*>(codes + r * k + g * 128)[lane] = e4m3x4(v.x, v.y, v.z, v.w, s);
+  reinterpret_cast<uint32_t*>(sink.codes + r * sink.k + g * 128)[lane] = e4m3x4(v.x, v.y, v.z, v.w, s);
   if (lane == 0) {
-    if (r < ld) scales[g * ld + r] = s;
-    if (tail_first >= 0 && r >= tail_first) tail_scales[g * (m - tail_first) + (r - tail_first)] = s;
+    if (r < sink.ld) sink.scales[g * sink.ld + r] = s;
+    if (sink.tail_first >= 0 && r >= sink.tail_first)
+      sink.tail_scales[g * (sink.m - sink.tail_first) + (r - sink.tail_first)] = s;
   }
+}
+
+// One warp per (row, 128-column group): each lane quantizes 4 consecutive values.
+__global__ void quantize_fp8_activations(const float* __restrict__ x, const Fp8ActivationSink sink) {
+  const int64_t groups = sink.k / 128;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  if (warp >= sink.m * groups) return;
+  const int64_t r = warp / groups, g = warp % groups;
+  store_fp8_group(sink, r, g, lane, reinterpret_cast<const float4*>(x + r * sink.k + g * 128)[lane]);
+}
+
+// silu(gate) · up of [m, k] straight into FP8 activations, one warp per (row, 128-column group):
+// each value computed as kernels_elementwise.cuh's swiglu computes it, so the codes equal
+// quantize_fp8_activations of swiglu's output without that f32 [m, k] being written and read.
+__global__ void swiglu_to_fp8_activations(const float* __restrict__ gate, const float* __restrict__ up,
+                                          const Fp8ActivationSink sink) {
+  const int64_t groups = sink.k / 128;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  if (warp >= sink.m * groups) return;
+  const int64_t r = warp / groups, g = warp % groups, at = r * sink.k + g * 128;
+  const float4 gv = reinterpret_cast<const float4*>(gate + at)[lane];
+  const float4 uv = reinterpret_cast<const float4*>(up + at)[lane];
+  const auto silu_times = [](float a, float b) { return a / (1.0f + expf(-a)) * b; };
+  store_fp8_group(sink, r, g, lane,
+                  make_float4(silu_times(gv.x, uv.x), silu_times(gv.y, uv.y), silu_times(gv.z, uv.z),
+                              silu_times(gv.w, uv.w)));
+}
+
+// The GDN output's gated RMSNorm (launch_gated_rmsnorm: rows of heads × dim, dim = 128 · kVec)
+// straight into the FP8 activations of the output projection: warp w takes head row w, whose
+// kVec 128-column groups are groups (w % heads) · kVec + i of token row w / heads. The values are
+// row_norm_warps', so the codes equal quantize_fp8_activations of launch_gated_rmsnorm's output.
+template <int kVec>
+__global__ void gated_rmsnorm_to_fp8_activations(const float* __restrict__ x, const float* __restrict__ z,
+                                                 int64_t heads, const float* __restrict__ weight, float eps,
+                                                 const Fp8ActivationSink sink) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= sink.m * heads) return;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float4 y[kVec];
+  row_norm_warp_values<false, true, kVec>(x + row * 128 * kVec, z + row * 128 * kVec, weight, eps, lane, y);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) store_fp8_group(sink, row / heads, (row % heads) * kVec + i, lane, y[i]);
 }
 
 // One block of 256 threads per 128×128 block: thread t owns 64 columns of row t / 2.

@@ -1,5 +1,6 @@
 // Launchers of the FP8 prefill kernels (see launchers_fp8_prefill.h).
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include "backends/cuda/cuda_check.h"
@@ -8,14 +9,48 @@
 
 namespace ninfer::cuda {
 
-void launch_quantize_fp8_activations(const float* x, int64_t m, int64_t k, uint8_t* codes, float* scales,
-                                     int64_t ld, float* tail_scales, int64_t tail_first, cudaStream_t stream) {
-  if (k % 128 != 0) throw std::invalid_argument("quantize_fp8_activations: k must be a multiple of 128");
-  if (m <= 0) return;
-  const int64_t warps = m * (k / 128);
-  const unsigned int blocks = static_cast<unsigned int>((warps + 7) / 8);
-  kernels::quantize_fp8_activations<<<blocks, 256, 0, stream>>>(x, m, k, codes, scales, ld, tail_scales, tail_first);
+namespace {
+
+unsigned int warp_per_group_blocks(const Fp8ActivationSink& sink) {
+  if (sink.k % 128 != 0) throw std::invalid_argument("FP8 activations: k must be a multiple of 128");
+  return static_cast<unsigned int>((sink.m * (sink.k / 128) + 7) / 8);
+}
+
+}  // namespace
+
+void launch_quantize_fp8_activations(const float* x, const Fp8ActivationSink& sink, cudaStream_t stream) {
+  const unsigned int blocks = warp_per_group_blocks(sink);
+  if (sink.m <= 0) return;
+  kernels::quantize_fp8_activations<<<blocks, 256, 0, stream>>>(x, sink);
   NINFER_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const Fp8ActivationSink& sink,
+                                      cudaStream_t stream) {
+  const unsigned int blocks = warp_per_group_blocks(sink);
+  if (sink.m <= 0) return;
+  kernels::swiglu_to_fp8_activations<<<blocks, 256, 0, stream>>>(gate, up, sink);
+  NINFER_CUDA_CHECK(cudaGetLastError());
+}
+
+bool launch_gated_rmsnorm_to_fp8_activations(const float* x, const float* z, int64_t heads, int64_t dim,
+                                             const float* weight, float eps, const Fp8ActivationSink& sink,
+                                             cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if ((dim != 128 && dim != 256 && dim != 512) || heads * dim != sink.k || !aligned(x) || !aligned(z) ||
+      !aligned(weight))
+    return false;
+  if (sink.m <= 0) return true;
+  constexpr int kWarps = 8;
+  const auto blocks = static_cast<unsigned int>((sink.m * heads + kWarps - 1) / kWarps);
+  if (dim == 128)
+    kernels::gated_rmsnorm_to_fp8_activations<1><<<blocks, 32 * kWarps, 0, stream>>>(x, z, heads, weight, eps, sink);
+  else if (dim == 256)
+    kernels::gated_rmsnorm_to_fp8_activations<2><<<blocks, 32 * kWarps, 0, stream>>>(x, z, heads, weight, eps, sink);
+  else
+    kernels::gated_rmsnorm_to_fp8_activations<4><<<blocks, 32 * kWarps, 0, stream>>>(x, z, heads, weight, eps, sink);
+  NINFER_CUDA_CHECK(cudaGetLastError());
+  return true;
 }
 
 void launch_requantize_bf16_to_fp8_blocks(const uint16_t* w, int64_t n, int64_t k, uint8_t* codes, float* scales,

@@ -11,13 +11,35 @@
 
 namespace ninfer::cuda {
 
-// codes[r, :] = e4m3 of x[r, :] (m rows of k floats, k % 128 == 0) under one scale per
-// (row, 128-column group). The scale of (r, g) goes to scales[g * ld + r] for r < ld (the
-// token-major layout cuBLASLt's VEC128_32F mode reads), and, when tail_first >= 0, also to
-// tail_scales[g * (m - tail_first) + r - tail_first] for r >= tail_first (a second GEMM over
-// the last rows, see fp8_block_gemm.h).
-void launch_quantize_fp8_activations(const float* x, int64_t m, int64_t k, uint8_t* codes, float* scales,
-                                     int64_t ld, float* tail_scales, int64_t tail_first, cudaStream_t stream);
+// Where quantized activations go: codes [m, k] (k % 128 == 0) and the scale of (row r,
+// 128-column group g) at scales[g * ld + r] for r < ld (the token-major layout cuBLASLt's
+// VEC128_32F mode reads) and, when tail_first >= 0, also at
+// tail_scales[g * (m - tail_first) + r - tail_first] for r >= tail_first (a second GEMM over the
+// last rows, see fp8_block_gemm.h). Fp8BlockGemm::activation_sink hands one out.
+struct Fp8ActivationSink {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  int64_t ld = 0;
+  float* tail_scales = nullptr;
+  int64_t tail_first = -1;
+  int64_t m = 0, k = 0;
+};
+
+// The sink's codes = e4m3 of x [m, k] (f32) under one scale per (row, 128-column group).
+void launch_quantize_fp8_activations(const float* x, const Fp8ActivationSink& sink, cudaStream_t stream);
+
+// The same of silu(gate) · up (gate, up [m, k]), computed as launch_swiglu computes it: the
+// codes and scales equal launch_quantize_fp8_activations of swiglu's output, bit for bit,
+// without that f32 output being written and read back.
+void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const Fp8ActivationSink& sink,
+                                      cudaStream_t stream);
+
+// The same of the GDN output's gated RMSNorm (launch_gated_rmsnorm of x, z [sink.m · heads, dim]
+// with dim · heads = sink.k), bit for bit: false, with nothing launched, unless dim is 128, 256
+// or 512 and x, z, weight are 16-byte aligned (the caller then takes the f32 path).
+bool launch_gated_rmsnorm_to_fp8_activations(const float* x, const float* z, int64_t heads, int64_t dim,
+                                             const float* weight, float eps, const Fp8ActivationSink& sink,
+                                             cudaStream_t stream);
 
 // A bf16 [n, k] matrix (k % 128 == 0) as e4m3 codes [n, k] under f32 scales per 128×128
 // block, stored [ceil(n / 128), scale_ld] (scale_ld >= k / 128; the padding is left as is).
