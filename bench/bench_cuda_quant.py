@@ -91,12 +91,6 @@ GEMV_FORMS = [
     ("sectors-r16w8u1-db", 33),
     ("sectors-r8w8u2-db", 34),
     ("sectors-r32w4u1-db", 35),
-    ("sectors-r16w4u2-s2", 36),
-    ("sectors-r16w4u2-s4", 37),
-    ("sectors-r16w4u2-db-s2", 38),
-    ("sectors-r16w4u2-db-s4", 39),
-    ("sectors-r8w4u2-db-s2", 40),
-    ("sectors-r32w4u1-db-s4", 41),
     ("auto", 0),
 ]
 

@@ -33,10 +33,8 @@ pytestmark = [
 
 RING_VARIANTS = (16, 17, 18, 19, 20, 21)
 # the sector-shaped kernel (kernels_gemv_quant_sectors.cuh), one variant per tile shape
-# (30-35: the double-buffered shapes; 36-41: tiles split over 2 or 4 blocks, which need as many
-# 128-k units)
-SECTOR_VARIANTS = tuple(range(24, 42))
-SECTOR_SPLITS = {36: 2, 37: 4, 38: 2, 39: 4, 40: 2, 41: 4}
+# (30-35: the double-buffered shapes)
+SECTOR_VARIANTS = tuple(range(24, 36))
 QUANTIZE = {"fp8": quantize_fp8, "nvfp4": quantize_nvfp4}
 DEQUANTIZE = {"fp8": dequantize_fp8, "nvfp4": dequantize_nvfp4}
 
@@ -128,7 +126,7 @@ def variant_applies(variant, dtype, m, k):
     if variant in (12, 13):
         return staged_fits(m, k)
     if variant in SECTOR_VARIANTS:
-        return k % 128 == 0 and k // 128 >= SECTOR_SPLITS.get(variant, 1)
+        return k % 128 == 0
     if variant in RING_VARIANTS:
         if dtype == "nvfp4" and k % 256:
             return False
@@ -261,7 +259,7 @@ CONFIG = {
 DECODE = [5, 9, 17, 33, 65, 129]  # eager, captured, then replayed decode steps
 
 
-@pytest.mark.parametrize("mode", ["graphs", "eager", "graphs-nopdl", "eager-nopdl", "graphs-split"])
+@pytest.mark.parametrize("mode", ["graphs", "eager", "graphs-nopdl", "eager-nopdl"])
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4"])
 def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, mode, tmp_path, monkeypatch):
     """Prefill (dequantize + cuBLAS) and decode (GEMV, as graphs or eagerly) of a quantized hybrid
@@ -271,8 +269,6 @@ def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, mode, tmp_path, monke
 
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0" if mode.startswith("eager") else "1")
     monkeypatch.setenv("NINFER_CUDA_PDL", "0" if mode.endswith("nopdl") else "1")
-    if mode.endswith("split"):  # every decode GEMV split over 2 blocks a tile, in graphs
-        monkeypatch.setenv("NINFER_QUANT_GEMV_VARIANT", "38")
     monkeypatch.setenv("NINFER_FP8_GEMM", "0")  # W8A16 prefill; the W8A8 one: test_cuda_fp8_gemm.py
     path = make_random_artifact(CONFIG, tmp_path / "q.ninfer", dtype=dtype, tokenizer="synthetic")
     twin = f32_twin(path, tmp_path / "twin.ninfer")

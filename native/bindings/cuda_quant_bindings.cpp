@@ -71,18 +71,10 @@ class CudaQuantGemv {
   explicit CudaQuantGemv(int device) : device_(device) {
     NINFER_CUDA_CHECK(cudaSetDevice(device));
     NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    int num_sms = 0;
-    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    // the split sector shapes' workspace, as a backend holds one per stream
-    const int64_t blocks = cuda::gemv_workspace_blocks(num_sms);
-    workspace_memory_ = std::make_unique<Device>(cuda::gemv_workspace_bytes(blocks), stream_);
-    NINFER_CUDA_CHECK(cudaMemsetAsync(workspace_memory_->as<void>(), 0, cuda::gemv_workspace_bytes(blocks), stream_));
-    workspace_ = cuda::gemv_workspace_at(workspace_memory_->as<void>(), blocks);
   }
   ~CudaQuantGemv() {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
-    workspace_memory_.reset();
     cudaStreamDestroy(stream_);
   }
   CudaQuantGemv(const CudaQuantGemv&) = delete;
@@ -128,7 +120,7 @@ class CudaQuantGemv {
                       static_cast<int32_t>(first)});
     }
     cuda::launch_gemv_quant_variant(variant, nvfp4, jobs.data(), static_cast<int>(jobs.size()), xd->as<float>(), m, k,
-                                    accumulate, overlap, stream_, &workspace_);
+                                    accumulate, overlap, stream_);
     std::vector<unsigned char> guard(kGuard);
     for (size_t j = 0; j < outs.size(); ++j) {
       py::array out = outs[j];
@@ -215,7 +207,7 @@ class CudaQuantGemv {
     for (const auto& l : layouts) bytes += l.nbytes;
     auto run = [&](int64_t c) {
       cuda::launch_gemv_quant_variant(variant, nvfp4, sets[c].data(), static_cast<int>(sets[c].size()), x.as<float>(),
-                                      m, static_cast<int>(k), false, false, stream_, &workspace_);
+                                      m, static_cast<int>(k), false, false, stream_);
     };
     for (int i = 0; i < 3; ++i) run(i % copies);
     std::vector<cudaEvent_t> events(static_cast<size_t>(2 * reps));
@@ -239,8 +231,6 @@ class CudaQuantGemv {
  private:
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
-  std::unique_ptr<Device> workspace_memory_;
-  cuda::GemvWorkspace workspace_;
 };
 
 }  // namespace

@@ -18,7 +18,6 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/fp8_block_gemm.h"
-#include "backends/cuda/launchers.h"
 #include "backends/cuda/launchers_fp8_prefill.h"
 #include "backends/cuda/launchers_quant.h"
 #include "backends/quantized_weight.h"
@@ -102,7 +101,7 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
       int n = 0;
       auto flush = [&] {
         if (n) launch_gemv_quant(dtype == DType::NVFP4, jobs, n, x, static_cast<int>(m), static_cast<int>(k), false,
-                                 overlap_launches_, stream_, &gemv_workspace_);
+                                 overlap_launches_, stream_);
         n = 0;
       };
       for (const auto& o : outputs) {
@@ -138,7 +137,7 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
       for (int64_t r0 = 0; r0 < m; r0 += 16) {
         const QuantGemvJob job = job_of(w, o.bias, o.y + r0 * w.rows);
         launch_gemv_quant(w.dtype == DType::NVFP4, &job, 1, x + r0 * k, static_cast<int>(std::min<int64_t>(16, m - r0)),
-                          static_cast<int>(k), false, false, stream_, &gemv_workspace_);
+                          static_cast<int>(k), false, false, stream_);
       }
       continue;
     }

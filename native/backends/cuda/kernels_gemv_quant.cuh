@@ -105,18 +105,6 @@ __device__ __forceinline__ void add_block_scaled(float (&acc)[kRowTiles][4], con
   acc[t][3] += part[t][3] * s1;
 }
 
-// y[n, row] of a job from its finished sum over k: scaled (by `unscale`, a power of two, then
-// the NVFP4 row scale), biased and stored (or added).
-template <bool kNvfp4>
-__device__ __forceinline__ void store_quant_output(const QuantGemvTable& table, const QuantGemvJob& job, int n, int row,
-                                                   float sum, float unscale) {
-  sum *= unscale;
-  if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row];
-  if (job.bias) sum += job.bias[row];
-  float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
-  *out = table.accumulate ? *out + sum : sum;
-}
-
 // The outputs of a quantized GEMV tile from its warps' accumulators, already in shared memory
 // as partial[w · kRowTiles·128 + value] (the mma layout): added in warp order, scaled (by
 // `unscale`, a power of two, then the NVFP4 row scale), biased and stored (or added) for the x
@@ -132,7 +120,11 @@ __device__ __forceinline__ void write_quant_tile(const QuantGemvTable& table, co
     float sum = partial[value];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) sum += partial[w * kValues + value];
-    store_quant_output<kNvfp4>(table, job, n, row, sum, unscale);
+    sum *= unscale;
+    if constexpr (kNvfp4) sum *= job.scale2[job.first_row + row];
+    if (job.bias) sum += job.bias[row];
+    float* out = job.y + static_cast<int64_t>(n) * job.rows + row;
+    *out = table.accumulate ? *out + sum : sum;
   }
 }
 

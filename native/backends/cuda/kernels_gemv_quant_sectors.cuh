@@ -17,11 +17,7 @@
 // x is rounded to bf16 (every matmul path's input rounding); products accumulate in f32; FP8
 // block scales multiply each 128-k unit's partial sums in f32. Tiles of 8·kRowTiles rows, one
 // block each; warps take interleaved units and add their partial sums in warp order through
-// shared memory: deterministic. Split shapes (kSplits > 1) cut each tile's units into kSplits
-// contiguous ranges, one block each (grid.y): weights with few rows and long ones (the 27B
-// mlp down: 320 tiles of 16 rows over 132 SMs) then keep every SM's warps busy; each block's
-// sum goes to the workspace, and the last of a tile's blocks to arrive adds them in split
-// order, so the result is deterministic too (though not the unsplit shape's, to the last bit).
+// shared memory: deterministic, and the same result for every tile shape.
 #pragma once
 
 #include "backends/cuda/kernels_gemv_quant.cuh"
@@ -57,65 +53,17 @@ __device__ __forceinline__ void group_scales_bf16_2p119(uint16_t both, uint32_t&
 // warp loaded before any is used. kDoubleBuffer: each warp issues its next batch's loads before
 // it dequantizes the current batch (two register buffers), so its loads stay in flight while it
 // computes; without it a warp alternates between waiting for a batch and computing it.
-// kSplits: blocks per tile, each over a contiguous range of its units.
-template <int kRowTiles_, int kWarps_, int kUnroll_, bool kDoubleBuffer_ = false, int kSplits_ = 1>
+template <int kRowTiles_, int kWarps_, int kUnroll_, bool kDoubleBuffer_ = false>
 struct SectorShape {
-  static constexpr int kRowTiles = kRowTiles_, kWarps = kWarps_, kUnroll = kUnroll_, kSplits = kSplits_;
+  static constexpr int kRowTiles = kRowTiles_, kWarps = kWarps_, kUnroll = kUnroll_;
   static constexpr bool kDoubleBuffer = kDoubleBuffer_;
   static constexpr int kTileRows = 8 * kRowTiles, kThreads = 32 * kWarps;
 };
 
-// Floats of one split block's slot in the workspace: its tile's outputs for 16 x rows.
-template <typename Shape>
-inline constexpr int kSplitSlotFloats = 16 * Shape::kTileRows;
-
-// The end of a split block (blockIdx.y of Shape::kSplits for tile blockIdx.x): its warps' sums
-// (in warp order) go to its workspace slot; the tile's last block to arrive adds the slots in
-// split order and stores the outputs, then zeroes the tile's counter for the next launch.
-template <bool kNvfp4, typename Shape>
-__device__ __forceinline__ void store_split_quant_tile(const QuantGemvTable& table, const QuantGemvJob& job,
-                                                       const float (&acc)[Shape::kRowTiles][4], int row0, int m,
-                                                       float unscale, const GemvWorkspace& ws) {
-  constexpr int kRowTiles = Shape::kRowTiles, kWarps = Shape::kWarps, kTileRows = Shape::kTileRows;
-  constexpr int kValues = kRowTiles * 4 * 32, kSlot = kSplitSlotFloats<Shape>;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float partial[kWarps * kValues];
-  __shared__ int last_to_arrive;
-#pragma unroll
-  for (int t = 0; t < kRowTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp * kValues + (t * 4 + i) * 32 + lane] = acc[t][i];
-  __syncthreads();
-  const int64_t tile = blockIdx.x;
-  float* slots = ws.partials + tile * Shape::kSplits * kSlot;
-  for (int idx = threadIdx.x; idx < m * kTileRows; idx += 32 * kWarps) {
-    const int value = accumulator_index(idx / kTileRows, idx % kTileRows);
-    float sum = partial[value];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) sum += partial[w * kValues + value];
-    slots[blockIdx.y * kSlot + idx] = sum;
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_to_arrive = atomicAdd(ws.counters + tile, 1) == Shape::kSplits - 1;
-  __syncthreads();
-  if (!last_to_arrive) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < m * kTileRows; idx += 32 * kWarps) {
-    const int n = idx / kTileRows, row = row0 + idx % kTileRows;
-    if (row >= job.rows) continue;
-    float sum = __ldcg(slots + idx);  // past L1: the other blocks' slots, written on other SMs
-#pragma unroll
-    for (int s = 1; s < Shape::kSplits; ++s) sum += __ldcg(slots + s * kSlot + idx);
-    store_quant_output<kNvfp4>(table, job, n, row, sum, unscale);
-  }
-  if (threadIdx.x == 0) ws.counters[tile] = 0;
-}
-
 // Requires k % 128 == 0 and 16-byte aligned rows (the launcher checks).
 template <bool kNvfp4, typename Shape, bool kWide>
 __global__ void __launch_bounds__(Shape::kThreads)
-    gemv_quant_sectors(const QuantGemvTable table, const float* __restrict__ x, int m, int k, const GemvWorkspace ws) {
+    gemv_quant_sectors(const QuantGemvTable table, const float* __restrict__ x, int m, int k) {
   constexpr int kRowTiles = Shape::kRowTiles, kWarps = Shape::kWarps, kUnroll = Shape::kUnroll;
   constexpr int kLoads = kNvfp4 ? 1 : 2;  // 16-byte loads per row and unit
   constexpr int kStride = kWarps * kUnroll;  // units between a warp's batches
@@ -124,9 +72,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
   while (static_cast<int>(blockIdx.x) >= table.first_tile[j + 1]) ++j;
   const QuantGemvJob& job = table.job[j];
   const int row0 = (static_cast<int>(blockIdx.x) - table.first_tile[j]) * Shape::kTileRows;
-  // This block's units of its tile: [unit_begin, units) (all of them unless split).
-  const int unit_begin = static_cast<int>(blockIdx.y) * (k / 128) / Shape::kSplits;
-  const int units = (static_cast<int>(blockIdx.y) + 1) * (k / 128) / Shape::kSplits;
+  const int units = k / 128;
   const int64_t row_stride = kNvfp4 ? k / 2 : k;
 
   // This lane's weight rows (rows past the end re-read the last row: valid memory, never
@@ -145,7 +91,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
       const int g = job.first_row + min(row0 + 8 * t + 2 * tig + i, job.rows - 1);
       const int row_blocks = (job.group_rows + 127) / 128;
       block_scale_row[t][i] = static_cast<const float*>(job.scales) +
-                              static_cast<int64_t>((g / job.group_rows) * row_blocks + (g % job.group_rows) / 128) * (k / 128);
+                              static_cast<int64_t>((g / job.group_rows) * row_blocks + (g % job.group_rows) / 128) * units;
     }
   }
   const bool x_lo_live = group < m, x_hi_live = kWide && group + 8 < m;
@@ -249,9 +195,9 @@ __global__ void __launch_bounds__(Shape::kThreads)
   allow_dependent_launch();
   if constexpr (Shape::kDoubleBuffer) {
     Batch ping, pong;
-    if (unit_begin + warp < units) load_batch(ping, unit_begin + warp);
+    if (warp < units) load_batch(ping, warp);
     wait_for_prerequisite_grids();
-    for (int first = unit_begin + warp; first < units; first += 2 * kStride) {
+    for (int first = warp; first < units; first += 2 * kStride) {
       const int second = first + kStride;
       if (second < units) load_batch(pong, second);
       use_batch(ping, first);
@@ -261,7 +207,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
     }
   } else {
     bool waited = false;
-    for (int first = unit_begin + warp; first < units; first += kStride) {
+    for (int first = warp; first < units; first += kStride) {
       Batch raw;
       load_batch(raw, first);
       if (!waited) {
@@ -273,11 +219,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
     if (!waited) wait_for_prerequisite_grids();
   }
 
-  const float unscale = kNvfp4 ? kSectorsNvfp4Unscale : 1.0f;
-  if constexpr (Shape::kSplits == 1)
-    store_quant_tile<kNvfp4, kRowTiles, kWarps, 16>(table, job, acc, row0, m, unscale);
-  else
-    store_split_quant_tile<kNvfp4, Shape>(table, job, acc, row0, m, unscale, ws);
+  store_quant_tile<kNvfp4, kRowTiles, kWarps, 16>(table, job, acc, row0, m, kNvfp4 ? kSectorsNvfp4Unscale : 1.0f);
 }
 
 }  // namespace ninfer::cuda::kernels

@@ -265,7 +265,7 @@ unsigned int grid_for(int64_t n) {
 }  // namespace
 
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
-                               int k, bool accumulate, bool overlap, cudaStream_t stream, const GemvWorkspace* workspace) {
+                               int k, bool accumulate, bool overlap, cudaStream_t stream) {
   if (num_jobs < 1 || num_jobs > kQuantGemvMaxJobs || m < 1 || m > 16 || k % (nvfp4 ? 32 : 16) != 0 ||
       !known_variant(variant))
     throw std::invalid_argument("launch_gemv_quant: unsupported jobs/m/k");
@@ -284,12 +284,7 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
     // Whether variant v takes this launch (the checks below, which throw for a forced one).
     auto applies = [&](int v) {
       if (v <= 0 || !known_variant(v)) return false;
-      if (is_sectors_variant(v)) {
-        const int shape = v - kGemvQuantSectorsFirstVariant, tile_rows = gemv_quant_sectors_tile_rows(shape);
-        int tiles = 0;
-        for (int j = 0; j < num_jobs; ++j) tiles += (jobs[j].rows + tile_rows - 1) / tile_rows;
-        return gemv_quant_sectors_fit(jobs, num_jobs, k) && gemv_quant_sectors_split_fits(shape, tiles, k, workspace);
-      }
+      if (is_sectors_variant(v)) return gemv_quant_sectors_fit(jobs, num_jobs, k);
       if (v == 12 || v == 13) return staged_fits(m, k);
       if (v < kRingFirstVariant) return true;
       return ring_fits(nvfp4, jobs, num_jobs, k) &&
@@ -308,7 +303,7 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
     table.first_tile[0] = 0;
     for (int j = 0; j < num_jobs; ++j)
       table.first_tile[j + 1] = table.first_tile[j] + (jobs[j].rows + tile_rows - 1) / tile_rows;
-    launch_gemv_quant_sectors(shape, nvfp4, table, x, m, k, workspace, overlap, stream);
+    launch_gemv_quant_sectors(shape, nvfp4, table, x, m, k, overlap, stream);
     NINFER_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -379,8 +374,8 @@ void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs
 }
 
 void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m, int k,
-                       bool accumulate, bool overlap, cudaStream_t stream, const GemvWorkspace* workspace) {
-  launch_gemv_quant_variant(0, nvfp4, jobs, num_jobs, x, m, k, accumulate, overlap, stream, workspace);
+                       bool accumulate, bool overlap, cudaStream_t stream) {
+  launch_gemv_quant_variant(0, nvfp4, jobs, num_jobs, x, m, k, accumulate, overlap, stream);
 }
 
 void launch_dequantize_bf16(bool nvfp4, const QuantGemvJob& w, int k, uint16_t* out, cudaStream_t stream) {

@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include "backends/cuda/launchers.h"
 #include "backends/cuda/launchers_quant.h"
 
 namespace ninfer::cuda::kernels {
@@ -14,7 +13,7 @@ struct QuantGemvTable;
 namespace ninfer::cuda {
 
 inline constexpr int kGemvQuantSectorsFirstVariant = 24;
-inline constexpr int kGemvQuantSectorsShapes = 18;
+inline constexpr int kGemvQuantSectorsShapes = 12;
 
 // Whether the kernel takes these weights: k % 128 == 0 and 16-byte aligned codes.
 bool gemv_quant_sectors_fit(const QuantGemvJob* jobs, int num_jobs, int k);
@@ -22,12 +21,8 @@ bool gemv_quant_sectors_fit(const QuantGemvJob* jobs, int num_jobs, int k);
 // Rows per tile of shape s (0 <= s < kGemvQuantSectorsShapes).
 int gemv_quant_sectors_tile_rows(int shape);
 
-// Whether shape s can run `tiles` tiles of width k on `workspace` (shapes that split a tile over
-// blocks need one, large enough; the others take any, null included).
-bool gemv_quant_sectors_split_fits(int shape, int tiles, int k, const GemvWorkspace* workspace);
-
 // Launch shape s over `table` (its first_tile filled for gemv_quant_sectors_tile_rows(s)).
 void launch_gemv_quant_sectors(int shape, bool nvfp4, const kernels::QuantGemvTable& table, const float* x, int m,
-                               int k, const GemvWorkspace* workspace, bool overlap, cudaStream_t stream);
+                               int k, bool overlap, cudaStream_t stream);
 
 }  // namespace ninfer::cuda

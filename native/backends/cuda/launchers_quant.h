@@ -10,8 +10,6 @@ namespace ninfer::cuda {
 
 inline constexpr int kQuantGemvMaxJobs = 4;
 
-struct GemvWorkspace;  // launchers.h
-
 // One FP8/NVFP4 weight of a launch (backends/quantized_weight.h's Weight, on the device).
 struct QuantGemvJob {
   const uint8_t* codes = nullptr;  // row 0 of this weight: k bytes (fp8) or k/2 (nvfp4) a row
@@ -24,11 +22,8 @@ struct QuantGemvJob {
 
 // y_j[m, rows_j] (+)= x[m, k] · w_j^T (+ bias_j) for up to kQuantGemvMaxJobs weights of one
 // format and width k; 1 <= m <= 16, k % 16 == 0 (fp8) or k % 32 == 0 (nvfp4).
-// `workspace` (the stream's GEMV workspace, launchers.h) lets the shapes that split a tile over
-// blocks run; without one they are not chosen (and refused when forced).
 void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m, int k,
-                       bool accumulate, bool overlap_previous, cudaStream_t stream,
-                       const GemvWorkspace* workspace = nullptr);
+                       bool accumulate, bool overlap_previous, cudaStream_t stream);
 // Variants of launch_gemv_quant's kernel (tests and benchmarks): variant % 4 picks the tiles
 // (0 = the launcher's choice, 1 = 8-row tiles, 2 = 16-row tiles of 4 warps, 3 = 16-row tiles
 // of 8 warps), variant / 4 the software pipelining (0 = default, 1 = off, 2 = on); 12 and 13:
@@ -37,15 +32,12 @@ void launch_gemv_quant(bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const
 // (kernels_gemv_quant_ring.cuh: weights streamed by the bulk-copy engine through shared
 // memory), 16 + 2·r + s with tiles of 8·2^r rows (r = 0, 1, 2) and x staged in shared memory
 // (s = 1, where x fits beside 3 stages) or converted by each warp (s = 0); it needs 16-byte
-// aligned rows and, for NVFP4, k % 256 == 0. 24-41: the sector kernel
-// (launchers_gemv_quant_sectors.cu's shapes; 36-41 split each tile over blocks and need the
-// workspace). Variant 0 takes the variant measured fastest for
+// aligned rows and, for NVFP4, k % 256 == 0. Variant 0 takes the variant measured fastest for
 // the 27B decode shapes (gemv_quant_measured.inc), else the ring kernel for m > 8, else the
 // general/staged rule. NINFER_QUANT_GEMV_VARIANT=N makes variant 0 take variant N wherever N
 // applies; NINFER_QUANT_GEMV_TABLE="fmt/m/k/rows=N,..." does so per shape (benchmarks).
 void launch_gemv_quant_variant(int variant, bool nvfp4, const QuantGemvJob* jobs, int num_jobs, const float* x, int m,
-                               int k, bool accumulate, bool overlap_previous, cudaStream_t stream,
-                               const GemvWorkspace* workspace = nullptr);
+                               int k, bool accumulate, bool overlap_previous, cudaStream_t stream);
 
 // out[rows, k] = bf16 of the job's weight (its rows, from its first_row).
 void launch_dequantize_bf16(bool nvfp4, const QuantGemvJob& weight, int k, uint16_t* out, cudaStream_t stream);
