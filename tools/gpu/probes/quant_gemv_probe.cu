@@ -18,6 +18,10 @@
 //     11 INT16 bit placement into f16 (value · 2^-14), f16x2 multiply by group scale · 2^7
 //     12 NONE  raw words as f16 (timing only)
 //     14 INTBF bit placement into bf16 (value · 2^-126), bf16x2 multiply by group scale · 2^119
+//   TILED=1: the codes in groups of 8 rows stored unit-major ([row / 8][unit][row % 8][unit
+//   bytes]), so that the 8 rows × 128 (FP8) or 64 (NVFP4) bytes a warp loads for one unit and
+//   row tile are one contiguous stretch, where row-major storage puts them k bytes apart (is
+//   the DRAM access pattern what keeps the GEMV below the read stream?). Scales stay row-major.
 #include "backends/cuda/kernels_gemv_quant_sectors.cuh"
 #include "backends/cuda/kernels_gemv_quant_staged.cuh"
 
@@ -48,6 +52,10 @@
 #define DEQ 0
 #endif
 constexpr int kDeq = DEQ;
+#ifndef TILED
+#define TILED 0
+#endif
+constexpr bool kTiled = TILED != 0;
 constexpr bool kNvfp4 = kDeq >= 10;
 
 using namespace ninfer::cuda::kernels;
@@ -150,8 +158,11 @@ __global__ void __launch_bounds__(32 * W) gemv(const uint8_t* __restrict__ codes
   const int units = k / 128;
   const int64_t stride = kNvfp4 ? k / 2 : k;
   const uint8_t* wl[RT];
+  constexpr int kUnitBytes = kNvfp4 ? 64 : 128;
 #pragma unroll
-  for (int r = 0; r < RT; ++r) wl[r] = codes + int64_t(row0 + 8 * r + g) * stride + 16 * t;
+  for (int r = 0; r < RT; ++r)
+    wl[r] = kTiled ? codes + (int64_t(row0 / 8 + r) * units * 8 + g) * kUnitBytes + 16 * t
+                   : codes + int64_t(row0 + 8 * r + g) * stride + 16 * t;
   float acc[RT][4] = {};
   const bool xlive = g == 0;
   for (int u0 = warp; u0 < units; u0 += W * U) {
@@ -161,7 +172,7 @@ __global__ void __launch_bounds__(32 * W) gemv(const uint8_t* __restrict__ codes
       const int unit = min(u0 + u * W, units - 1);
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
-        const uint8_t* p = wl[r] + int64_t(unit) * (kNvfp4 ? 64 : 128);
+        const uint8_t* p = wl[r] + int64_t(unit) * (kTiled ? 8 * kUnitBytes : kUnitBytes);
         raw[u][r][0] = ldw(p);
         if constexpr (!kNvfp4) raw[u][r][1] = ldw(p + 64);
       }
@@ -372,8 +383,16 @@ int main() {
       float* f = reinterpret_cast<float*>(sc.data());
       for (int64_t i = 0; i < scale_bytes / 4; ++i) f[i] = std::ldexp(1.0f + (rng() % 100) / 100.0f, -8);
     }
+    std::vector<uint8_t> stored = codes;  // as the kernel reads them (TILED: 8-row groups unit-major)
+    if (kTiled) {
+      const int64_t unit_bytes = kNvfp4 ? 64 : 128, row_bytes = kNvfp4 ? sh.k / 2 : sh.k, units = sh.k / 128;
+      for (int64_t r = 0; r < sh.n; ++r)
+        for (int64_t u = 0; u < units; ++u)
+          std::memcpy(&stored[((r / 8 * units + u) * 8 + r % 8) * unit_bytes], &codes[r * row_bytes + u * unit_bytes],
+                      unit_bytes);
+    }
     for (int c = 0; c < kCopies; ++c) {
-      CK(cudaMemcpy(pool + c * max_bytes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(pool + c * max_bytes, stored.data(), code_bytes, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(static_cast<uint8_t*>(scale_pool) + c * (int64_t(34816) * 17408 / 16), sc.data(), scale_bytes,
                     cudaMemcpyHostToDevice));
     }
@@ -408,7 +427,7 @@ int main() {
                                     sink);
     });
     const double bytes = double(code_bytes + scale_bytes);
-    std::printf("DEQ %d | %s | %.1f MB | read stream %.1f us (%.2f TB/s)\n", kDeq, sh.name, bytes / 1e6, stream_us,
+    std::printf("DEQ %d%s | %s | %.1f MB | read stream %.1f us (%.2f TB/s)\n", kDeq, kTiled ? " tiled" : "", sh.name, bytes / 1e6, stream_us,
                 code_bytes / (stream_us * 1e-6) / 1e12);
     for (const Variant& v : variants) {
       if (sh.n % (8 * v.rt)) continue;
@@ -424,7 +443,8 @@ int main() {
       for (size_t i = 0; i < check_rows.size(); ++i) scale = std::max(scale, std::fabs(ref[i]));
       for (size_t i = 0; i < check_rows.size(); ++i)
         worst = std::max(worst, std::fabs(got[check_rows[i]] - ref[i]) / scale);
-      std::printf("DEQ %d | %s | %s | %.1f us | %.2f TB/s | %.1f%% of stream | max err/max|y| %.2e\n", kDeq, sh.name,
+      std::printf("DEQ %d%s | %s | %s | %.1f us | %.2f TB/s | %.1f%% of stream | max err/max|y| %.2e\n", kDeq,
+                  kTiled ? " tiled" : "", sh.name,
                   v.name, us, bytes / (us * 1e-6) / 1e12, 100.0 * stream_us / us * bytes / code_bytes, worst);
     }
   }
