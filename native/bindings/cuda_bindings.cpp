@@ -196,6 +196,7 @@ class CudaOps {
     view.shape = {out.shape(1), gate.shape(1)};
     view.nbytes = static_cast<uint64_t>(weight_data.nbytes());
     view.data = weight_data.data();
+    view.group_rows = out.shape(1);  // one matrix
     const Weight w = backend_.upload_weight(view);
     Mirror g(backend_, gate, "gate"), u(backend_, up, "up"), o(backend_, out, "out");
     backend_.swiglu_matmul(g.device(), u.device(), gate.shape(0), w, o.device());
