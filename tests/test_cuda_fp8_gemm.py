@@ -331,31 +331,6 @@ def test_backend_swiglu_matmul_equals_swiglu_then_matmul(dtype, m, monkeypatch):
     assert np.all(np.abs(out["1"] - product @ w64.T) <= bound)
 
 
-# 128-wide value heads: the GDN output projection's operand comes from the gated norm itself
-WIDE_HEAD_CONFIG = {
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "model_type": "qwen3_5_text",
-    "vocab_size": 512,
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 4,
-    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2,
-    "linear_key_head_dim": 64,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "mtp_num_hidden_layers": 0,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-}
-
-
 @pytest.mark.parametrize("tokens", [77, 300])
 def test_fused_fp8_producers_give_the_unfused_prefill_bit_for_bit(tmp_path, monkeypatch, tokens):
     """An FP8 hybrid's prefill with the SwiGLU and the GDN gated norm writing the FP8 GEMM's
@@ -363,10 +338,11 @@ def test_fused_fp8_producers_give_the_unfused_prefill_bit_for_bit(tmp_path, monk
     (NINFER_FP8_FUSED=0) exactly, and differs from the W8A16 prefill (the FP8 path ran). 300
     tokens take the chunked delta rule, 77 (m % 4 != 0: the tail GEMM) too."""
     from ninfer.convert.random import make_random_artifact
+    from test_cuda_quant_gemv import CONFIG
 
-    path = make_random_artifact(
-        WIDE_HEAD_CONFIG, tmp_path / "fp8.ninfer", dtype="fp8", tokenizer="synthetic"
-    )
+    # 128-wide value heads: the GDN output projection's operand comes from the gated norm
+    config = {**CONFIG, "linear_num_value_heads": 2, "linear_value_head_dim": 128}
+    path = make_random_artifact(config, tmp_path / "fp8.ninfer", dtype="fp8", tokenizer="synthetic")
     ids = np.random.default_rng(tokens).integers(0, 512, size=tokens).tolist()
     gpu = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=512, device="cuda")
     got = {}
