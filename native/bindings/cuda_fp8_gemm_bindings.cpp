@@ -130,9 +130,10 @@ class CudaFp8Gemm {
     NINFER_CUDA_CHECK(cudaMemcpyAsync(xd.as<void>(), x.data(), x.nbytes(), cudaMemcpyHostToDevice, stream_));
     NINFER_CUDA_CHECK(cudaMemcpyAsync(zd.as<void>(), z.data(), z.nbytes(), cudaMemcpyHostToDevice, stream_));
     NINFER_CUDA_CHECK(cudaMemcpyAsync(wd.as<void>(), weight.data(), weight.nbytes(), cudaMemcpyHostToDevice, stream_));
-    if (!cuda::launch_gated_rmsnorm_to_fp8_activations(xd.as<float>(), zd.as<float>(), k / dim, dim, wd.as<float>(),
-                                                       eps, gemm_->activation_sink(m, k), stream_))
+    if (!cuda::gated_rmsnorm_to_fp8_fits(xd.as<float>(), zd.as<float>(), wd.as<float>(), dim))
       throw py::value_error("the fused gated norm takes head dims of 128, 256 or 512");
+    cuda::launch_gated_rmsnorm_to_fp8_activations(xd.as<float>(), zd.as<float>(), k / dim, dim, wd.as<float>(), eps,
+                                                  gemm_->activation_sink(m, k), stream_);
     return activations(m, k);
   }
 

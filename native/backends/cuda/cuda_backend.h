@@ -191,11 +191,15 @@ class CudaBackend final : public Backend {
   // FP8/NVFP4 weights (cuda_backend_quant.cpp).
   Weight upload_quantized(const TensorView& tensor, int64_t rows, int64_t cols);
   void matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
-  // gdn_mixer; with norm_sink, its last step (the gated norm) writes norm_sink's FP8 operand
-  // instead of out where it can (out then keeps the delta rule's output).
+  // gdn_mixer; with norm_sink (gated_rmsnorm_to_fp8_fits checked), its last step writes
+  // norm_sink's FP8 operand instead of out (out then keeps the delta rule's output).
   void gdn_mixer_into(const GdnShape& shape, const GdnLayerWeights& weights, std::span<const GdnSlice> slices,
                       float* mixed, const float* z, const float* b, const float* a, float* out, GdnForm form,
                       const Fp8ActivationSink* norm_sink);
+  // gdn_mixer's last step: the gated norm of the delta rule's output (out, in place), or, with
+  // norm_sink, the same values written as norm_sink's FP8 operand.
+  void finish_gdn_norm(float* out, const float* z, int64_t rows, const GdnShape& shape, const float* norm_weight,
+                       const Fp8ActivationSink* norm_sink, bool overlap);
   // The FP8 prefill GEMM when it takes w for m rows (and cuBLASLt loaded), else null.
   Fp8BlockGemm* fp8_gemm_taking(const Weight& w, int64_t m);
   MoePath moe_path_for(int64_t pairs, int64_t hidden, const MoeExperts& experts) const;

@@ -1,7 +1,6 @@
 // The hybrid-model ops of the CUDA backend (Qwen3.5/3.6): state memory, the Gated DeltaNet
 // mixer and the gated-attention pieces (the sparse MoE experts: cuda_backend_moe.cpp).
 #include <algorithm>
-#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -82,11 +81,9 @@ void CudaBackend::gdn_mixer_projected(const GdnShape& shape, const GdnLayerWeigh
                                       const float* a, float* out, const Weight& out_proj, float* y) {
   int64_t rows = 0;
   for (const auto& s : slices) rows += s.num_tokens;
-  const bool aligned = reinterpret_cast<uintptr_t>(weights.norm_weight) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(z) % 16 == 0;
   const int64_t dv = shape.value_dim;
-  if (rows > 16 && is_block_quantized(out_proj.dtype) && (dv == 128 || dv == 256 || dv == 512) && aligned &&
-      fp8_fused_producers_enabled()) {
+  if (rows > 16 && is_block_quantized(out_proj.dtype) && fp8_fused_producers_enabled() &&
+      gated_rmsnorm_to_fp8_fits(out, z, weights.norm_weight, dv)) {
     note(-19);
     if (dry()) return gdn_mixer(shape, weights, slices, mixed, z, b, a, out, GdnForm::Auto);
     activate();
@@ -96,7 +93,7 @@ void CudaBackend::gdn_mixer_projected(const GdnShape& shape, const GdnLayerWeigh
       const Fp8ActivationSink sink = fp8->activation_sink(rows, out_proj.cols);
       gdn_mixer_into(shape, weights, slices, mixed, z, b, a, out, GdnForm::Auto, &sink);
       if (fp8->matmul(out_proj, y)) return;
-      launch_gated_rmsnorm(out, z, rows * shape.value_heads, dv, weights.norm_weight, shape.norm_eps, out, stream_);
+      finish_gdn_norm(out, z, rows, shape, weights.norm_weight, nullptr, false);
       return matmul(out, rows, out_proj, nullptr, y);
     }
   }
@@ -165,10 +162,7 @@ void CudaBackend::gdn_mixer_into(const GdnShape& shape, const GdnLayerWeights& w
     const DeltaRuleArgs args{conv_out, conv_out + kw, channels, conv_out + 2 * kw, channels, nullptr, nullptr, out, vw};
     const GdnRawGates raw{b, hv, a, hv, weights.A_log, weights.dt_bias, q_scale, 1e-6f};
     launch_gated_delta_rule_recurrent_prepared(dims, args, raw, seq_dev, n, overlap_launches_, stream_);
-    if (!norm_sink || !launch_gated_rmsnorm_to_fp8_activations(out, z, hv, shape.value_dim, weights.norm_weight,
-                                                              shape.norm_eps, *norm_sink, stream_))
-      launch_gated_rmsnorm(out, z, rows * hv, shape.value_dim, weights.norm_weight, shape.norm_eps, out, stream_,
-                           overlap_launches_);
+    finish_gdn_norm(out, z, rows, shape, weights.norm_weight, norm_sink, overlap_launches_);
     return;
   }
   launch_l2norm_heads(conv_out, channels, rows, shape.key_heads, shape.key_dim, q_scale, 1e-6f, stream_);
@@ -178,9 +172,17 @@ void CudaBackend::gdn_mixer_into(const GdnShape& shape, const GdnLayerWeights& w
   for (const auto& round : rounds)
     launch_gated_delta_rule_chunked(dims, args, seq_dev + round.first, round.count, round.chunks, workspace, stream_);
   if (n > n_chunked) launch_gated_delta_rule_recurrent(dims, args, seq_dev + n_chunked, n - n_chunked, stream_);
-  if (!norm_sink || !launch_gated_rmsnorm_to_fp8_activations(out, z, hv, shape.value_dim, weights.norm_weight,
-                                                            shape.norm_eps, *norm_sink, stream_))
-    launch_gated_rmsnorm(out, z, rows * hv, shape.value_dim, weights.norm_weight, shape.norm_eps, out, stream_);
+  finish_gdn_norm(out, z, rows, shape, weights.norm_weight, norm_sink, false);
+}
+
+void CudaBackend::finish_gdn_norm(float* out, const float* z, int64_t rows, const GdnShape& shape,
+                                  const float* norm_weight, const Fp8ActivationSink* norm_sink, bool overlap) {
+  if (norm_sink)
+    launch_gated_rmsnorm_to_fp8_activations(out, z, shape.value_heads, shape.value_dim, norm_weight, shape.norm_eps,
+                                            *norm_sink, stream_);
+  else
+    launch_gated_rmsnorm(out, z, rows * shape.value_heads, shape.value_dim, norm_weight, shape.norm_eps, out, stream_,
+                         overlap);
 }
 
 void CudaBackend::split_query_gate(const float* q_proj_out, int64_t tokens, int64_t heads, int64_t head_dim,

@@ -4,8 +4,8 @@
 // the dequantizing GEMV (W8A16 / W4A16). Larger ones (prefill): FP8 weights run cuBLASLt's
 // block-scaled FP8 GEMM on activations quantized per token and 128 columns (W8A8,
 // fp8_block_gemm.h) — by the quantizer, or, for an MLP's down projection and the GDN output
-// projection, by the kernel that computes them (swiglu_matmul, gdn_mixer_projected); NVFP4 weights, and FP8 shapes that path does not take (k % 128 != 0, or
-// NINFER_FP8_GEMM=0), dequantize the weight into a bf16 scratch and run the bf16 cuBLAS GEMM
+// projection, by the kernel that computes them (swiglu_matmul, gdn_mixer_projected); NVFP4
+// weights, and FP8 shapes that path does not take (k % 128 != 0, or NINFER_FP8_GEMM=0), dequantize the weight into a bf16 scratch and run the bf16 cuBLAS GEMM
 // (NINFER_NVFP4_PREFILL=fp8 sends NVFP4 through the FP8 GEMM after a lossy re-quantization).
 // Expert stacks stay in their stored format too: decode reads them quantized, the grouped
 // prefill GEMMs dequantize them per call (cuda_backend_moe_fused.cpp).

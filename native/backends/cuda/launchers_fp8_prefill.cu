@@ -33,14 +33,17 @@ void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const 
   NINFER_CUDA_CHECK(cudaGetLastError());
 }
 
-bool launch_gated_rmsnorm_to_fp8_activations(const float* x, const float* z, int64_t heads, int64_t dim,
+bool gated_rmsnorm_to_fp8_fits(const float* x, const float* z, const float* weight, int64_t dim) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return (dim == 128 || dim == 256 || dim == 512) && aligned(x) && aligned(z) && aligned(weight);
+}
+
+void launch_gated_rmsnorm_to_fp8_activations(const float* x, const float* z, int64_t heads, int64_t dim,
                                              const float* weight, float eps, const Fp8ActivationSink& sink,
                                              cudaStream_t stream) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if ((dim != 128 && dim != 256 && dim != 512) || heads * dim != sink.k || !aligned(x) || !aligned(z) ||
-      !aligned(weight))
-    return false;
-  if (sink.m <= 0) return true;
+  if (!gated_rmsnorm_to_fp8_fits(x, z, weight, dim) || heads * dim != sink.k)
+    throw std::invalid_argument("gated_rmsnorm_to_fp8_activations: dim 128/256/512, aligned rows, heads·dim = k");
+  if (sink.m <= 0) return;
   constexpr int kWarps = 8;
   const auto blocks = static_cast<unsigned int>((sink.m * heads + kWarps - 1) / kWarps);
   if (dim == 128)
@@ -50,7 +53,6 @@ bool launch_gated_rmsnorm_to_fp8_activations(const float* x, const float* z, int
   else
     kernels::gated_rmsnorm_to_fp8_activations<4><<<blocks, 32 * kWarps, 0, stream>>>(x, z, heads, weight, eps, sink);
   NINFER_CUDA_CHECK(cudaGetLastError());
-  return true;
 }
 
 void launch_requantize_bf16_to_fp8_blocks(const uint16_t* w, int64_t n, int64_t k, uint8_t* codes, float* scales,

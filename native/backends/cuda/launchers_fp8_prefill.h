@@ -34,10 +34,13 @@ void launch_quantize_fp8_activations(const float* x, const Fp8ActivationSink& si
 void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const Fp8ActivationSink& sink,
                                       cudaStream_t stream);
 
+// Whether launch_gated_rmsnorm_to_fp8_activations takes these: dim 128, 256 or 512 and x, z,
+// weight 16-byte aligned (else the caller takes the f32 norm and the quantizer).
+bool gated_rmsnorm_to_fp8_fits(const float* x, const float* z, const float* weight, int64_t dim);
+
 // The same of the GDN output's gated RMSNorm (launch_gated_rmsnorm of x, z [sink.m · heads, dim]
-// with dim · heads = sink.k), bit for bit: false, with nothing launched, unless dim is 128, 256
-// or 512 and x, z, weight are 16-byte aligned (the caller then takes the f32 path).
-bool launch_gated_rmsnorm_to_fp8_activations(const float* x, const float* z, int64_t heads, int64_t dim,
+// with dim · heads = sink.k), bit for bit; throws unless gated_rmsnorm_to_fp8_fits.
+void launch_gated_rmsnorm_to_fp8_activations(const float* x, const float* z, int64_t heads, int64_t dim,
                                              const float* weight, float eps, const Fp8ActivationSink& sink,
                                              cudaStream_t stream);
 
