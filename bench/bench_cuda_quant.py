@@ -1,14 +1,16 @@
 """CUDA benchmark of FP8 (W8A16) and NVFP4 (W4A16) weights on the GPU machine.
 
-In one process, ceilings first (bench_cuda.py's copy bandwidth and bf16 GEMM rate):
+In one process, ceilings first (bench_cuda.py's copy bandwidth and bf16 GEMM rate, and the FP8
+block-scaled GEMM rate at 8192³):
 1. the quantized GEMV alone at the Qwen3.6-27B decode shapes, m = 1/4/8/16, as a read rate
    (codes + scales ÷ time) against the copy bandwidth;
-2. the 27B shape end to end (seeded random weights made on the device, formats as an
-   fp8/nvfp4 artifact stores them: embedding, lm_head, the GDN a/b projections stay bf16):
-   prefill 8k (floor: bf16 GEMM rate, as the prefill GEMMs run bf16 here) and decode
+2. the 27B shape end to end per weight format and --kv-dtypes format (seeded random weights
+   made on the device, formats as an fp8/nvfp4 artifact stores them: embedding, lm_head, the
+   GDN a/b projections stay bf16): prefill 8k (floor: the dense matmuls' FLOPs at the GEMM rate
+   of the path they take, FP8 weights the FP8 GEMM's, the rest at bf16's) and decode
    b1/4/8/16 at 1k and b1/4 at 8k context with CUDA graphs, against the byte floor (the step's
-   weight bytes in their stored format + KV + GDN state read and written) ÷ copy bandwidth;
-   a per-kernel breakdown of a b1 decode step.
+   weight bytes in their stored format + the KV cache in its format's page bytes + GDN state
+   read and written) ÷ copy bandwidth; a per-kernel breakdown of a b1 decode step.
 
 Writes results_quant.json / results_quant.md under --out and prints the table.
 """
@@ -38,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 from model_files import write_bf16_artifact  # noqa: E402
 
 from bench_cuda import ceilings, kernel_breakdown, profile_replays, replay_markdown  # noqa: E402
-from bench_cuda_hybrid import SAMPLING, prefill_flops, prefill_lanes, shape_counts  # noqa: E402
+from bench_cuda_fp8_prefill import floor_seconds, fp8_gemm_rate  # noqa: E402
+from bench_cuda_hybrid import SAMPLING, prefill_lanes, shape_counts  # noqa: E402
+from bench_cuda_kv import kv_bytes_per_token  # noqa: E402
 
 # (name, rows of each weight of one launch, k) of a 27B decode step
 GEMV_SHAPES_27B = [
@@ -144,15 +148,35 @@ def fastest_forms(rows: list[dict]) -> dict[str, int]:
     return {key: variant for key, (_, variant) in best.items()}
 
 
+def prefill_format(dtype: str) -> str:
+    """Whose GEMM rate bounds a format's prefill matmuls: FP8 weights run the FP8 block GEMM
+    (unless NINFER_FP8_GEMM=0), NVFP4 (by default) and bf16 the bf16 one."""
+    return "fp8" if dtype == "fp8" and os.environ.get("NINFER_FP8_GEMM", "1") != "0" else "bf16"
+
+
 def run_model(
-    name: str, dtype: str, bw: float, rate: float, steps: int, plan: list[tuple[int, list[int]]]
+    name: str,
+    dtype: str,
+    kv_dtype: str,
+    bw: float,
+    rates: dict,
+    steps: int,
+    plan: list[tuple[int, list[int]]],
 ) -> dict:
     cfg = qwen3_5_preset(name)
     counts = shape_counts(cfg)
+    kv_per_token = kv_bytes_per_token(counts, kv_dtype)
     weight_bytes = step_weight_bytes(cfg, dtype)
     lanes = max(max(b) for _, b in plan)
     max_ctx = max(8192, *(c for c, _ in plan))  # prefill 8192 too
-    out: dict = {"shape": name, "dtype": dtype, "weight_gb_per_step": weight_bytes / 1e9}
+    out: dict = {
+        "shape": name,
+        "dtype": dtype,
+        "kv_dtype": kv_dtype,
+        "weight_gb_per_step": weight_bytes / 1e9,
+        "kv_bytes_per_token": kv_per_token,
+    }
+    tag = f"{name} {dtype} kv {kv_dtype}"
     with tempfile.TemporaryDirectory() as tmp:
         path = write_bf16_artifact(Path(tmp) / "shape.ninfer", cfg, None)
         t0 = time.perf_counter()
@@ -164,10 +188,11 @@ def run_model(
             device="cuda",
             random_weights_seed=1,
             random_weights_dtype=dtype,
+            kv_dtype=kv_dtype,
         )
         out["load_s"] = time.perf_counter() - t0
     print(
-        f"[{name} {dtype}] made on device in {out['load_s']:.1f} s; "
+        f"[{tag}] made on device in {out['load_s']:.1f} s; "
         f"{weight_bytes / 1e9:.2f} GB of weights per step",
         flush=True,
     )
@@ -181,16 +206,18 @@ def run_model(
     runner.forward(0, 0, tokens[:8192])
     seconds = time.perf_counter() - t0
     runner.reset(0)
-    floor = prefill_flops(counts, 8192) / rate
+    fmt = prefill_format(dtype)
+    floor = floor_seconds(cfg, rates, fmt)
     out["prefill"] = {
         "tokens": 8192,
         "seconds": seconds,
         "tokens_per_s": 8192 / seconds,
         "floor_tokens_per_s": 8192 / floor,
         "ratio": floor / seconds,
+        "floor_rate": fmt,
     }
     print(
-        f"[{name} {dtype}] prefill 8192: {8192 / seconds:.0f} tok/s, bf16-GEMM floor "
+        f"[{tag}] prefill 8192: {8192 / seconds:.0f} tok/s, {fmt}-GEMM floor "
         f"{8192 / floor:.0f} ({100 * floor / seconds:.1f}%)",
         flush=True,
     )
@@ -217,7 +244,7 @@ def run_model(
                 step()
             sec = (time.perf_counter() - t0) / steps
             c = shape_counts(cfg, batch)
-            kv = batch * (position[0] - steps / 2) * c["kv_bytes_per_token"]
+            kv = batch * (position[0] - steps / 2) * kv_per_token
             state = batch * 2 * c["state_bytes_per_lane"]
             floor_step = (weight_bytes + kv + state) / bw
             rows.append(
@@ -232,13 +259,13 @@ def run_model(
             )
             r = rows[-1]
             print(
-                f"[{name} {dtype}] decode ctx {context} b{batch}: {r['tokens_per_s']:.1f} "
+                f"[{tag}] decode ctx {context} b{batch}: {r['tokens_per_s']:.1f} "
                 f"tok/s ({r['step_ms']:.2f} ms), floor {r['floor_tokens_per_s']:.1f} "
                 f"({100 * r['ratio']:.1f}%)",
                 flush=True,
             )
             if batch == 1 and "replay_b1" not in out:  # the b1 graph exists now
-                rb = profile_replays(lambda: step(1), f"{name} {dtype}")
+                rb = profile_replays(lambda: step(1), tag)
                 if rb:
                     out["replay_b1"] = rb
     out["decode"] = rows
@@ -253,8 +280,10 @@ def run_model(
 
 def to_markdown(result: dict) -> str:
     bw, rate = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["bf16_gemm_flops"]
+    fp8_rate = result["ceilings"].get("fp8_gemm_flops") or float("nan")
     lines = [
-        f"Ceilings (same run): copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s.",
+        f"Ceilings (same run): copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s, "
+        f"FP8 block GEMM {fp8_rate / 1e12:.0f} TFLOP/s.",
         "",
         "| GEMV (27B shapes) | format | m | kernel | µs | TB/s | of copy |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -271,7 +300,7 @@ def to_markdown(result: dict) -> str:
     for model in result["models"]:
         lines += [
             "",
-            f"### {model['shape']} {model['dtype']} "
+            f"### {model['shape']} {model['dtype']}, KV {model.get('kv_dtype', 'bf16')} "
             f"({model['weight_gb_per_step']:.2f} GB of weights per step)",
             "",
             "| what | measured | floor | ratio |",
@@ -280,7 +309,8 @@ def to_markdown(result: dict) -> str:
         p = model["prefill"]
         lines.append(
             f"| prefill 8192 | {p['tokens_per_s']:.0f} tok/s ({p['seconds']:.2f} s) | "
-            f"{p['floor_tokens_per_s']:.0f} tok/s (bf16 GEMM) | {100 * p['ratio']:.1f}% |"
+            f"{p['floor_tokens_per_s']:.0f} tok/s ({p.get('floor_rate', 'bf16')} GEMM) | "
+            f"{100 * p['ratio']:.1f}% |"
         )
         for r in model["decode"]:
             lines.append(
@@ -312,6 +342,7 @@ def main() -> int:
     parser.add_argument(
         "--contexts", default="1024:1,4,8,16;8192:1,4", help="decode plan: ctx:batches;..."
     )
+    parser.add_argument("--kv-dtypes", default="bf16", help="KV cache formats, e.g. bf16,fp8")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dtypes = args.dtypes.split(",")
@@ -323,7 +354,14 @@ def main() -> int:
         "models": [],
     }
     bw, rate = result["ceilings"]["copy_bytes_per_s"], result["ceilings"]["bf16_gemm_flops"]
-    print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s", flush=True)
+    fp8_rate = fp8_gemm_rate() if not args.gemv_only else None
+    result["ceilings"]["fp8_gemm_flops"] = fp8_rate
+    rates = {"bf16": rate, "fp8": fp8_rate}
+    print(
+        f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s, "
+        f"FP8 block GEMM {fp8_rate / 1e12 if fp8_rate else float('nan'):.0f} TFLOP/s",
+        flush=True,
+    )
     if not args.skip_gemv:
         result["gemv"] = gemv_rates(bw, [d for d in dtypes if d != "bf16"])
         if args.pick_fastest:
@@ -331,16 +369,18 @@ def main() -> int:
             result["gemv_table"] = table
             os.environ["NINFER_QUANT_GEMV_TABLE"] = ",".join(f"{k}={v}" for k, v in table.items())
             print(f"model runs with the fastest GEMV per shape: {table}", flush=True)
-    for dtype in [] if args.gemv_only else dtypes:
+    plan = [
+        (int(c), [int(b) for b in bs.split(",")])
+        for c, bs in (part.split(":") for part in args.contexts.split(";"))
+    ]
+    runs = [(d, kv) for d in dtypes for kv in args.kv_dtypes.split(",")]
+    for dtype, kv_dtype in [] if args.gemv_only else runs:
         try:
-            plan = [
-                (int(c), [int(b) for b in bs.split(",")])
-                for c, bs in (part.split(":") for part in args.contexts.split(";"))
-            ]
-            result["models"].append(run_model(args.shape, dtype, bw, rate, args.steps, plan))
+            model = run_model(args.shape, dtype, kv_dtype, bw, rates, args.steps, plan)
+            result["models"].append(model)
         except Exception as exc:  # keep the other formats' figures
-            print(f"[{args.shape} {dtype}] FAILED: {type(exc).__name__}: {exc}", flush=True)
-            result.setdefault("failures", []).append(f"{dtype}: {exc}")
+            print(f"[{args.shape} {dtype} kv {kv_dtype}] FAILED: {type(exc).__name__}: {exc}")
+            result.setdefault("failures", []).append(f"{dtype} kv {kv_dtype}: {exc}")
         (args.out / "results_quant.json").write_text(json.dumps(result, indent=2))
         torch.cuda.empty_cache()
     text = to_markdown(result)
