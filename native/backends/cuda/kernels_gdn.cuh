@@ -37,18 +37,29 @@ __global__ void causal_conv1d_silu(const float* __restrict__ x, int64_t x_stride
     const int p = t0 - (K - 1) + j;  // position relative to the sequence start
     window[j] = p >= 0 ? x[(seq.row_begin + p) * x_stride + c] : state[(K - 1 + p) * channels + c];
   }
-  for (int t = t0; t < t1; ++t) {
-    window[K - 1] = x[(seq.row_begin + t) * x_stride + c];
-    float acc = 0.0f;
+  // The inputs of kAhead tokens are loaded before any of them is used: a thread keeps that many
+  // loads in flight instead of one (the kernel is bound by memory latency, not bandwidth).
+  constexpr int kAhead = 8;
+  for (int t = t0; t < t1; t += kAhead) {
+    float ahead[kAhead];
 #pragma unroll
-    for (int j = 0; j < K; ++j) acc += w[j] * window[j];
-    out[(seq.row_begin + t) * out_stride + c] = acc / (1.0f + expf(-acc));
-    if (seq.conv_history) {  // the state after token t: its K-1 latest inputs
+    for (int u = 0; u < kAhead; ++u) ahead[u] = t + u < t1 ? x[(seq.row_begin + t + u) * x_stride + c] : 0.0f;
 #pragma unroll
-      for (int r = 0; r < K - 1; ++r) seq.conv_history[(static_cast<int64_t>(t) * (K - 1) + r) * channels + c] = window[r + 1];
+    for (int u = 0; u < kAhead; ++u) {
+      if (t + u >= t1) break;
+      window[K - 1] = ahead[u];
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < K; ++j) acc += w[j] * window[j];
+      out[(seq.row_begin + t + u) * out_stride + c] = acc / (1.0f + expf(-acc));
+      if (seq.conv_history) {  // the state after token t + u: its K-1 latest inputs
+#pragma unroll
+        for (int r = 0; r < K - 1; ++r)
+          seq.conv_history[(static_cast<int64_t>(t + u) * (K - 1) + r) * channels + c] = window[r + 1];
+      }
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) window[j] = window[j + 1];
     }
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) window[j] = window[j + 1];
   }
   if constexpr (UPDATE_STATE) {  // window[r]: input position num_tokens - (K-1) + r (x or old state)
     float* st = seq.conv_state;
