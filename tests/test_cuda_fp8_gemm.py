@@ -300,6 +300,35 @@ def test_gated_norm_quantized_as_computed_equals_the_quantized_norm(gemm, m, hea
     np.testing.assert_array_equal(codes, want_codes)
 
 
+@pytest.mark.parametrize(("m", "k"), [(16, 128), (19, 640), (333, 5120), (17, 2048)])
+def test_add_rms_norm_quantized_as_computed_equals_the_quantized_norm(gemm, m, k):
+    """The fused residual add + RMSNorm producer: the same residual and normed rows as the plain
+    kernel, bit for bit, their bf16 rounding, and the codes and scales the quantizer writes for
+    them (both scale layouts); the normed rows within float64's bound."""
+    rng = np.random.default_rng([m, k, 7])
+    h, branch = uneven_activations(rng, m, k), uneven_activations(rng, m, k)
+    weight = rng.standard_normal(k).astype(np.float32)
+    codes, scales, h_fused, y_fused, y_bf16, h_plain, y_plain = gemm.quantize_add_rms_norm(
+        h, branch, weight, 1e-6
+    )
+    np.testing.assert_array_equal(h_fused, h_plain)
+    np.testing.assert_array_equal(y_fused, y_plain)
+    np.testing.assert_array_equal(y_bf16, f32_to_bf16_bits(y_plain))
+    want_codes, want_scales = gemm.quantize(y_plain)
+    np.testing.assert_array_equal(scales, want_scales)
+    np.testing.assert_array_equal(codes, want_codes)
+    s64 = h.astype(np.float64) + branch
+    y64 = s64 / np.sqrt((s64**2).mean(axis=1, keepdims=True) + 1e-6) * weight
+    np.testing.assert_allclose(h_fused, s64, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(y_fused, y64, rtol=1e-4, atol=1e-5 * np.abs(y64).max())
+
+
+def test_fused_norm_refuses_what_it_cannot_take(gemm):
+    h = np.ones((16, 200), np.float32)
+    with pytest.raises(ValueError, match="k % 128"):
+        gemm.quantize_add_rms_norm(h, h, np.ones(200, np.float32), 1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["fp8", "nvfp4", "bf16"])
 @pytest.mark.parametrize("m", [5, 77])
 def test_backend_swiglu_matmul_equals_swiglu_then_matmul(dtype, m, monkeypatch):
@@ -333,8 +362,9 @@ def test_backend_swiglu_matmul_equals_swiglu_then_matmul(dtype, m, monkeypatch):
 
 @pytest.mark.parametrize("tokens", [77, 300])
 def test_fused_fp8_producers_give_the_unfused_prefill_bit_for_bit(tmp_path, monkeypatch, tokens):
-    """An FP8 hybrid's prefill with the SwiGLU and the GDN gated norm writing the FP8 GEMM's
-    operand (the default) equals the one through their f32 outputs and the quantizer
+    """An FP8 hybrid's prefill with the SwiGLU, the GDN gated norm and the residual add + RMSNorm
+    before each mixer and MLP writing the FP8 GEMM's operand (the default) equals the one
+    through their f32 outputs and the quantizer
     (NINFER_FP8_FUSED=0) exactly, and differs from the W8A16 prefill (the FP8 path ran). 300
     tokens take the chunked delta rule, 77 (m % 4 != 0: the tail GEMM) too."""
     from ninfer.convert.random import make_random_artifact

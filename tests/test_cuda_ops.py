@@ -113,6 +113,21 @@ def test_rms_norm(ops, cols):
     assert rel_err(out, ref) < 1e-5
 
 
+# A warp a row for 128/256/512 (in place, as the models call it, and not), the block-a-row
+# rms_norm for other widths.
+@pytest.mark.parametrize("head_dim", [128, 256, 512, 64, 200])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_head_rms_norm(ops, head_dim, in_place):
+    rng = rng_for(14, head_dim)
+    x = rng.standard_normal((7 * 24 + 3, head_dim), dtype=np.float32) * 3
+    w = rng.standard_normal(head_dim, dtype=np.float32)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-6) * w
+    out = x.copy() if in_place else poisoned(x.shape)
+    ops.head_rms_norm(out if in_place else x, w, 1e-6, out)
+    assert rel_err(out, ref) < 1e-5
+
+
 @pytest.mark.parametrize("rotary_dim", [128, 64])
 def test_rope_matches_rotate_half(ops, rotary_dim):
     rng = rng_for(13, rotary_dim)

@@ -222,6 +222,13 @@ class Backend {
   // at load (fp32 1 + w, as HF rounds it before the multiply).
   virtual void rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
                         float* y) = 0;
+  // rms_norm of many short rows: attention's per-head q/k norms (rows = tokens · heads, cols =
+  // head_dim; x may equal y). Its own op so that a backend may run it with a kernel shaped for
+  // short rows without changing rms_norm's (and add_rms_norm's) results.
+  virtual void head_rms_norm(const float* x, int64_t rows, int64_t head_dim, const float* weight, float eps,
+                             float* y) {
+    rms_norm(x, rows, head_dim, weight, eps, y);
+  }
   // Rotates x[t, h, 0:rotary_dim] in place by angle positions[t] * inv_freq[i] (HF
   // rotate_half pairing i <-> i + rotary_dim/2), cos/sin multiplied by attention_factor.
   // x is [tokens, heads, head_dim]; `positions` and `inv_freq` (rotary_dim/2 values) are host.
@@ -254,6 +261,14 @@ class Backend {
                             float* normed) {
     add(y, x, rows * cols);
     rms_norm(y, rows, cols, weight, eps, normed);
+  }
+  // add_rms_norm, then matmul_many of its output: one call, so that a backend may hand the norm's
+  // output to the matmuls in their own operand format as it computes it (the CUDA FP8 prefill
+  // GEMM's e4m3 codes). normed is written too; the results equal the two ops.
+  virtual void add_rms_norm_matmul(float* y, const float* x, int64_t rows, int64_t cols, const float* weight,
+                                   float eps, float* normed, std::span<const MatmulOutput> outputs) {
+    add_rms_norm(y, x, rows, cols, weight, eps, normed);
+    matmul_many(normed, rows, outputs);
   }
   // dst[i, :] = src[rows[i], :] for `cols`-wide rows; `rows` is host memory.
   virtual void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows,

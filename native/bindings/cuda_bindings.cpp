@@ -162,6 +162,19 @@ class CudaOps {
     od.download();
   }
 
+  // x [rows, head_dim]; out may be x (in place, as the models call it).
+  void head_rms_norm(py::array x, py::array weight, float eps, py::array out) {
+    Mirror xd(backend_, x, "x"), wd(backend_, weight, "weight");
+    if (out.is(x)) {
+      backend_.head_rms_norm(xd.device(), x.shape(0), x.shape(1), wd.device(), eps, xd.device());
+      xd.download();
+      return;
+    }
+    Mirror od(backend_, out, "out");
+    backend_.head_rms_norm(xd.device(), x.shape(0), x.shape(1), wd.device(), eps, od.device());
+    od.download();
+  }
+
   void add_rms_norm(py::array h, py::array branch, py::array weight, float eps, py::array out) {
     Mirror hd(backend_, h, "h"), bd(backend_, branch, "branch"), wd(backend_, weight, "weight"),
         od(backend_, out, "out");
@@ -433,6 +446,7 @@ void bind_cuda(py::module_& m) {
       .def("random_weight", &CudaOps::random_weight, py::arg("rows"), py::arg("cols"), py::arg("seed"),
            py::arg("scale"))
       .def("rms_norm", &CudaOps::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("out"))
+      .def("head_rms_norm", &CudaOps::head_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("out"))
       .def("add_rms_norm", &CudaOps::add_rms_norm, py::arg("h"), py::arg("branch"), py::arg("weight"), py::arg("eps"),
            py::arg("out"))
       .def("rope", &CudaOps::rope, py::arg("x"), py::arg("positions"), py::arg("inv_freq"),

@@ -137,6 +137,43 @@ class CudaFp8Gemm {
     return activations(m, k);
   }
 
+  // The fused residual add + RMSNorm producer against the plain kernel on the same inputs:
+  // (codes, scales, h + branch, y, y's bf16 bits) of the fused launch, then (h + branch, y) of
+  // launch_add_rms_norm, every output starting as NaN.
+  py::tuple quantize_add_rms_norm(py::array h, py::array branch, py::array weight, float eps) {
+    check_array<float>(h, "h");
+    check_array<float>(branch, "branch");
+    check_array<float>(weight, "weight");
+    if (h.ndim() != 2 || branch.ndim() != 2 || h.shape(0) != branch.shape(0) || h.shape(1) != branch.shape(1) ||
+        weight.size() != h.shape(1))
+      throw py::value_error("h, branch: [m, k] each, weight [k]");
+    const int64_t m = h.shape(0), k = h.shape(1);
+    if (!cuda::add_rms_norm_to_fp8_fits(k)) throw py::value_error("the fused norm takes k % 128 == 0, k <= 12288");
+    NINFER_CUDA_CHECK(cudaSetDevice(device_));
+    const size_t bytes = h.nbytes();
+    Buffer hf(bytes), hp(bytes), bd(bytes), wd(weight.nbytes()), yf(bytes), yp(bytes), yb(bytes / 2);
+    for (Buffer* hb : {&hf, &hp})
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(hb->as<void>(), h.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(bd.as<void>(), branch.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(wd.as<void>(), weight.data(), weight.nbytes(), cudaMemcpyHostToDevice, stream_));
+    for (Buffer* yb : {&yf, &yp}) NINFER_CUDA_CHECK(cudaMemsetAsync(yb->as<void>(), 0xff, bytes, stream_));  // NaN
+    cuda::launch_add_rms_norm_to_fp8_activations(hf.as<float>(), bd.as<float>(), wd.as<float>(), eps, yf.as<float>(),
+                                                 gemm_->activation_sink(m, k), yb.as<uint16_t>(), stream_);
+    cuda::launch_add_rms_norm(hp.as<float>(), bd.as<float>(), m, k, wd.as<float>(), eps, yp.as<float>(), stream_,
+                              false);
+    py::tuple codes_scales = activations(m, k);
+    auto fetch = [&](const Buffer& b) {
+      py::array_t<float> a({m, k});
+      NINFER_CUDA_CHECK(cudaMemcpyAsync(a.mutable_data(), b.as<void>(), bytes, cudaMemcpyDeviceToHost, stream_));
+      return a;
+    };
+    py::array_t<float> h_fused = fetch(hf), y_fused = fetch(yf), h_plain = fetch(hp), y_plain = fetch(yp);
+    py::array_t<uint16_t> y_bf16({m, k});
+    NINFER_CUDA_CHECK(cudaMemcpyAsync(y_bf16.mutable_data(), yb.as<void>(), bytes / 2, cudaMemcpyDeviceToHost, stream_));
+    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return py::make_tuple(codes_scales[0], codes_scales[1], h_fused, y_fused, y_bf16, h_plain, y_plain);
+  }
+
   // y [m, rows] = x · W^T (+ bias) through the FP8 GEMM (W8A8), W the stored tensor `blob`;
   // raises when the path refuses the shape. The output starts as NaN with guard bytes after.
   py::array_t<float> matmul(py::array x, const std::string& dtype, py::array blob, int64_t rows,
@@ -366,6 +403,10 @@ void bind_cuda_fp8_gemm(py::module_& m) {
       .def("quantize_gated_rmsnorm", &CudaFp8Gemm::quantize_gated_rmsnorm, py::arg("x"), py::arg("z"),
            py::arg("weight"), py::arg("eps"),
            "(codes, scales) of the GDN gated norm, quantized as the fused producer computes it")
+      .def("quantize_add_rms_norm", &CudaFp8Gemm::quantize_add_rms_norm, py::arg("h"), py::arg("branch"),
+           py::arg("weight"), py::arg("eps"),
+           "(codes, scales, h, y, y in bf16) of the fused residual add + RMSNorm producer, then (h, y) of the "
+           "plain kernel")
       .def("quantize_swiglu", &CudaFp8Gemm::quantize_swiglu, py::arg("gate"), py::arg("up"),
            "(codes, scales) of silu(gate) * up, quantized as the fused MLP producer computes it")
       .def("matmul", &CudaFp8Gemm::matmul, py::arg("x"), py::arg("dtype"), py::arg("blob"), py::arg("rows"),

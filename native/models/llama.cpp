@@ -330,8 +330,8 @@ int64_t LlamaModel::enqueue_step(const BatchPlan& plan) {
       const MatmulOutput qkv[] = {{&L.q, L.q_bias.data(), q}, {&L.k, L.k_bias.data(), k}, {&L.v, L.v_bias.data(), v}};
       b.matmul_many(normed, t, qkv);
       if (cfg_.qk_norm) {
-        b.rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
-        b.rms_norm(k, t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k);
+        b.head_rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
+        b.head_rms_norm(k, t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k);
       }
       apply_rope(q, cfg_.heads, positions, slices);
       apply_rope(k, cfg_.kv_heads, positions, slices);

@@ -268,11 +268,22 @@ class Qwen35Model final : public Model, public MtpHead {
 
   StepLayout layout(const BatchPlan& plan, bool hybrid_state) const;
   void apply_rope(float* x, int64_t heads, const StepLayout& step);
-  void attention_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out);
-  void gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out);
-  void mlp(const Layer& L, int64_t t, float* out);
-  // input_normed: normed_ already holds L's input norm (fused into the previous layer's residual
-  // add); next: the following layer, whose input norm is fused into this layer's last add.
+  // The matmuls a layer's mixer (attention q/k/v, or the GDN's in_proj qkv/z/b/a) or dense MLP
+  // (gate, up) applies to normed_ first: what add_rms_norm_matmul runs right after the norm.
+  struct Projections {
+    MatmulOutput outputs[4];
+    size_t count = 0;
+    std::span<const MatmulOutput> span() const { return {outputs, count}; }
+  };
+  Projections mixer_projections(const Layer& L);
+  Projections gate_up_projections(const Layer& L);
+  // projected: the projections of normed_ were already made (add_rms_norm_matmul).
+  void attention_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out, bool projected);
+  void gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out, bool projected);
+  void mlp(const Layer& L, int64_t t, float* out, bool projected);
+  // input_normed: normed_ already holds L's input norm and its mixer projections (fused into the
+  // previous layer's residual add); next: the following layer, whose input norm and mixer
+  // projections are fused into this layer's last add.
   void decoder_layer(const Layer& L, int64_t t, const StepLayout& step, bool input_normed = false,
                      const Layer* next = nullptr);
 
@@ -701,18 +712,32 @@ void Qwen35Model::apply_rope(float* x, int64_t heads, const StepLayout& step) {
   }
 }
 
+Qwen35Model::Projections Qwen35Model::mixer_projections(const Layer& L) {
+  if (L.full_attention)
+    return {{{&L.q, nullptr, cfg_.attn_output_gate ? q_proj_.data() : q_.data()},
+             {&L.k, nullptr, k_.data()},
+             {&L.v, nullptr, v_.data()}},
+            3};
+  return {{{&L.in_qkv, nullptr, mixed_.data()},
+           {&L.in_z, nullptr, z_.data()},
+           {&L.in_b, nullptr, b_.data()},
+           {&L.in_a, nullptr, a_.data()}},
+          4};
+}
+
+Qwen35Model::Projections Qwen35Model::gate_up_projections(const Layer& L) {
+  return {{{&L.gate, nullptr, ff_gate_.data()}, {&L.up, nullptr, ff_up_.data()}}, 2};
+}
+
 // Gated full attention (spec §2.3) of normed_ into out [t, hidden].
-void Qwen35Model::attention_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out) {
+void Qwen35Model::attention_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out, bool projected) {
   Backend& b = *backend_;
   const int64_t hd = cfg_.head_dim;
   float* q = q_.data();
-  const MatmulOutput qkv[] = {{&L.q, nullptr, cfg_.attn_output_gate ? q_proj_.data() : q},
-                              {&L.k, nullptr, k_.data()},
-                              {&L.v, nullptr, v_.data()}};
-  b.matmul_many(normed_.data(), t, qkv);
+  if (!projected) b.matmul_many(normed_.data(), t, mixer_projections(L).span());
   if (cfg_.attn_output_gate) b.split_query_gate(q_proj_.data(), t, cfg_.heads, hd, q, gate_.data());
-  b.rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
-  b.rms_norm(k_.data(), t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k_.data());
+  b.head_rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
+  b.head_rms_norm(k_.data(), t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k_.data());
   apply_rope(q, cfg_.heads, step);
   apply_rope(k_.data(), cfg_.kv_heads, step);
   b.kv_write(kv_, L.kv_layer, k_.data(), v_.data(), step.attention);
@@ -724,13 +749,9 @@ void Qwen35Model::attention_mixer(const Layer& L, int64_t t, const StepLayout& s
 }
 
 // Gated DeltaNet (spec §2.4) of normed_ into out [t, hidden], continuing each lane's state.
-void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out) {
+void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out, bool projected) {
   Backend& b = *backend_;
-  const MatmulOutput projections[] = {{&L.in_qkv, nullptr, mixed_.data()},
-                                      {&L.in_z, nullptr, z_.data()},
-                                      {&L.in_b, nullptr, b_.data()},
-                                      {&L.in_a, nullptr, a_.data()}};
-  b.matmul_many(normed_.data(), t, projections);
+  if (!projected) b.matmul_many(normed_.data(), t, mixer_projections(L).span());
   std::vector<GdnSlice> slices;
   slices.reserve(step.lanes.size());
   for (const auto& r : step.lanes) {
@@ -749,7 +770,7 @@ void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, f
 
 // Dense SwiGLU MLP or sparse MoE with the sigmoid-gated shared expert (spec §2.5-2.6), of
 // normed_ into out [t, hidden].
-void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
+void Qwen35Model::mlp(const Layer& L, int64_t t, float* out, bool projected) {
   Backend& b = *backend_;
   const int64_t h = cfg_.hidden;
   float* x = normed_.data();
@@ -765,8 +786,7 @@ void Qwen35Model::mlp(const Layer& L, int64_t t, float* out) {
     b.matmul(x, t, L.shared_gate, nullptr, shared_gate_.data());
     dense_out = shared_out_.data();
   }
-  const MatmulOutput gate_up[] = {{&L.gate, nullptr, ff_gate_.data()}, {&L.up, nullptr, ff_up_.data()}};
-  b.matmul_many(x, t, gate_up);
+  if (!projected) b.matmul_many(x, t, gate_up_projections(L).span());
   b.swiglu_matmul(ff_gate_.data(), ff_up_.data(), t, L.down, dense_out);
   if (cfg_.moe) b.add_sigmoid_gated(out, shared_out_.data(), shared_gate_.data(), t, h);
   reduce_partial_sums(out, t * h);  // the experts' and the shared expert's partial sums at once
@@ -778,14 +798,20 @@ void Qwen35Model::decoder_layer(const Layer& L, int64_t t, const StepLayout& ste
   const int64_t h = cfg_.hidden;
   if (!input_normed) b.rms_norm(hidden_.data(), t, h, L.input_norm.data(), cfg_.eps, normed_.data());
   if (L.full_attention) {
-    attention_mixer(L, t, step, branch_.data());
+    attention_mixer(L, t, step, branch_.data(), input_normed);
   } else {
-    gdn_mixer(L, t, step, branch_.data());
+    gdn_mixer(L, t, step, branch_.data(), input_normed);
   }
-  b.add_rms_norm(hidden_.data(), branch_.data(), t, h, L.post_norm.data(), cfg_.eps, normed_.data());
-  mlp(L, t, branch_.data());
+  if (cfg_.moe) {  // the routed MLP starts with its own fused kernels
+    b.add_rms_norm(hidden_.data(), branch_.data(), t, h, L.post_norm.data(), cfg_.eps, normed_.data());
+  } else {
+    b.add_rms_norm_matmul(hidden_.data(), branch_.data(), t, h, L.post_norm.data(), cfg_.eps, normed_.data(),
+                          gate_up_projections(L).span());
+  }
+  mlp(L, t, branch_.data(), !cfg_.moe);
   if (next)
-    b.add_rms_norm(hidden_.data(), branch_.data(), t, h, next->input_norm.data(), cfg_.eps, normed_.data());
+    b.add_rms_norm_matmul(hidden_.data(), branch_.data(), t, h, next->input_norm.data(), cfg_.eps, normed_.data(),
+                          mixer_projections(*next).span());
   else
     b.add(hidden_.data(), branch_.data(), t * h);
 }

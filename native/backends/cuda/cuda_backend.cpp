@@ -12,6 +12,7 @@
 #include "backends/cuda/cublas_runtime.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/host_convert.h"
+#include "backends/cuda/launchers_hybrid.h"
 #include "cache/kv_pool.h"
 
 namespace ninfer {
@@ -304,6 +305,11 @@ void CudaBackend::run_cublas(const float* x, int64_t m, std::span<const MatmulOu
   const int64_t k = outputs[0].weight->cols;
   auto* xb = static_cast<uint16_t*>(x_bf16_.get(static_cast<size_t>(m * k) * 2, stream_));
   launch_f32_to_bf16(x, xb, m * k, stream_);
+  run_cublas_bf16(xb, m, outputs);
+}
+
+void CudaBackend::run_cublas_bf16(const uint16_t* xb, int64_t m, std::span<const MatmulOutput> outputs) {
+  const int64_t k = outputs[0].weight->cols;
   for (const auto& o : outputs) {
     CublasRuntime::get().gemm_bf16_rowmajor(cublas_, xb, o.weight->data, o.y, static_cast<int>(m),
                                             static_cast<int>(o.weight->rows), static_cast<int>(k));
@@ -396,6 +402,14 @@ void CudaBackend::rms_norm(const float* x, int64_t rows, int64_t cols, const flo
   if (dry()) return;
   activate();
   launch_rms_norm(x, rows, cols, weight, eps, y, stream_, overlap_launches_);
+}
+
+void CudaBackend::head_rms_norm(const float* x, int64_t rows, int64_t head_dim, const float* weight, float eps,
+                                float* y) {
+  if (!head_rms_norm_fits(head_dim)) return rms_norm(x, rows, head_dim, weight, eps, y);
+  if (dry()) return;
+  activate();
+  launch_head_rms_norm(x, rows, head_dim, weight, eps, y, stream_, overlap_launches_);
 }
 
 void CudaBackend::rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary_dim,

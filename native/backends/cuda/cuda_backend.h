@@ -122,6 +122,8 @@ class CudaBackend final : public Backend {
   void matmul_many(const float* x, int64_t m, std::span<const MatmulOutput> outputs) override;
   void embedding(const Weight& table, std::span<const int32_t> tokens, float* out) override;
   void rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y) override;
+  void head_rms_norm(const float* x, int64_t rows, int64_t head_dim, const float* weight, float eps,
+                     float* y) override;
   void rope(float* x, int64_t heads, int64_t head_dim, int64_t rotary_dim, std::span<const int32_t> positions,
             std::span<const float> inv_freq, float attention_factor) override;
   void kv_write(KvPool& kv, int64_t layer, const float* k, const float* v,
@@ -133,6 +135,8 @@ class CudaBackend final : public Backend {
   void add(float* y, const float* x, int64_t n) override;
   void add_rms_norm(float* y, const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
                     float* normed) override;
+  void add_rms_norm_matmul(float* y, const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
+                           float* normed, std::span<const MatmulOutput> outputs) override;
   void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) override;
 
   // Hybrid models (cuda_backend_hybrid.cpp). gdn_mixer runs long prefill slices through the
@@ -186,11 +190,14 @@ class CudaBackend final : public Backend {
   void* arena_alloc(size_t bytes);
   void run_gemv(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   void run_cublas(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
+  // The cuBLAS GEMMs of run_cublas on x already in bf16 (xb [m, k]).
+  void run_cublas_bf16(const uint16_t* xb, int64_t m, std::span<const MatmulOutput> outputs);
   bool prefer_gemv(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
   KvLayout kv_layout(const KvPool& kv, int64_t layer) const;
   // FP8/NVFP4 weights (cuda_backend_quant.cpp).
   Weight upload_quantized(const TensorView& tensor, int64_t rows, int64_t cols);
-  void matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs);
+  // x_quantized: the FP8 GEMM's activations already hold x (a producer wrote them).
+  void matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs, bool x_quantized = false);
   // gdn_mixer; with norm_sink (gated_rmsnorm_to_fp8_fits checked), its last step writes
   // norm_sink's FP8 operand instead of out (out then keeps the delta rule's output).
   void gdn_mixer_into(const GdnShape& shape, const GdnLayerWeights& weights, std::span<const GdnSlice> slices,

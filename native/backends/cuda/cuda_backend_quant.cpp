@@ -83,7 +83,43 @@ void CudaBackend::swiglu_matmul(float* gate, const float* up, int64_t rows, cons
   Backend::swiglu_matmul(gate, up, rows, down, y);
 }
 
-void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs) {
+void CudaBackend::add_rms_norm_matmul(float* y, const float* x, int64_t rows, int64_t cols, const float* weight,
+                                      float eps, float* normed, std::span<const MatmulOutput> outputs) {
+  Fp8BlockGemm* fp8 = nullptr;
+  if (rows > 16 && normed != y && normed != x && fp8_fused_producers_enabled() && add_rms_norm_to_fp8_fits(cols)) {
+    for (const auto& o : outputs)
+      if (!fp8 && o.weight->cols == cols && is_block_quantized(o.weight->dtype)) fp8 = fp8_gemm_taking(*o.weight, rows);
+  }
+  if (!fp8) {
+    Backend::add_rms_norm_matmul(y, x, rows, cols, weight, eps, normed, outputs);
+    return;
+  }
+  note(-19);
+  if (dry()) return;
+  activate();
+  std::vector<MatmulOutput> plain, quantized;
+  for (const auto& o : outputs) (is_block_quantized(o.weight->dtype) ? quantized : plain).push_back(o);
+  // bf16 weights of the same input (the GDN's a/b projections) that take cuBLAS at this size
+  // read normed in bf16: the norm writes that too instead of a conversion pass.
+  const bool plain_via_cublas = !plain.empty() && cublas_ && matmul_path_ != MatmulPath::Gemv &&
+                                std::all_of(plain.begin(), plain.end(), [&](const MatmulOutput& o) {
+                                  return o.weight->dtype == DType::BF16 && o.weight->cols == cols;
+                                });
+  auto* normed_bf16 =
+      plain_via_cublas ? static_cast<uint16_t*>(x_bf16_.get(static_cast<size_t>(rows * cols) * 2, stream_)) : nullptr;
+  // The norm writes the GEMM's e4m3 operand as well as normed (which any refused matmul reads):
+  // no quantizer pass over normed (the same codes, see the launcher).
+  launch_add_rms_norm_to_fp8_activations(y, x, weight, eps, normed, fp8->activation_sink(rows, cols), normed_bf16,
+                                         stream_);
+  if (normed_bf16)
+    run_cublas_bf16(normed_bf16, rows, plain);
+  else if (!plain.empty())
+    matmul_many(normed, rows, plain);
+  matmul_quantized(normed, rows, quantized, true);
+}
+
+void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const MatmulOutput> outputs,
+                                   bool x_quantized) {
   const int64_t k = outputs[0].weight->cols;
   for (const auto& o : outputs)
     if (o.weight->cols != k) throw std::invalid_argument("matmul_many: all weights need the same width");
@@ -121,7 +157,7 @@ void CudaBackend::matmul_quantized(const float* x, int64_t m, std::span<const Ma
   Fp8BlockGemm* fp8 = nullptr;
   for (const auto& o : outputs)
     if (!fp8) fp8 = fp8_gemm_taking(*o.weight, m);
-  bool x_quantized = false, x_converted = false;
+  bool x_converted = false;
   uint16_t* xb = nullptr;
   for (const auto& o : outputs) {
     const Weight& w = *o.weight;

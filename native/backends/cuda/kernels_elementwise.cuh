@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backends/cuda/kernels_common.cuh"
+#include "backends/cuda/kernels_row_norm.cuh"
 
 namespace ninfer::cuda::kernels {
 
@@ -40,67 +41,13 @@ __global__ void embedding(const uint16_t* __restrict__ table, int64_t cols, cons
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = bf16_bits_to_float(src[c]);
 }
 
-// The sum of `sum` over the block (every thread gets it); partial is 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float sum, float* partial) {
-  sum = warp_sum(sum);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : 0.0f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) partial[0] = v;
-  }
-  __syncthreads();
-  return partial[0];
-}
-
-// One block per row: h += branch, then y = rms_norm(h) (the residual add and the next layer's
-// norm in one pass). With kPerThread > 0 (cols <= kPerThread * blockDim.x) every load of the
-// row (h, branch, weight) is issued before the first store, so the kernel pays one memory
-// latency instead of one per strided step (at batch 1 these kernels are latency-bound);
-// kPerThread = 0 loops over any width. Either way, the same float operations in the same
-// order as rms_norm (below) with the same block size.
 template <int kPerThread>
 __global__ void __launch_bounds__(1024) add_rms_norm(float* h, const float* __restrict__ branch, int64_t cols,
                              const float* __restrict__ weight, float eps, float* __restrict__ y) {
   allow_dependent_launch();  // the next GEMV may start streaming its weights
   wait_for_prerequisite_grids();
-  float* hr = h + static_cast<int64_t>(blockIdx.x) * cols;
-  const float* br = branch + static_cast<int64_t>(blockIdx.x) * cols;
-  float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
-  __shared__ float partial[32];
-  float sum = 0.0f;
-  if constexpr (kPerThread > 0) {
-    float v[kPerThread], w[kPerThread];
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      v[i] = c < cols ? hr[c] + br[c] : 0.0f;
-      w[i] = c < cols ? weight[c] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      if (c < cols) {
-        hr[c] = v[i];
-        sum += v[i] * v[i];
-      }
-    }
-    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      if (c < cols) yr[c] = v[i] * inv * w[i];
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float v = hr[c] + br[c];
-      hr[c] = v;
-      sum += v * v;
-    }
-    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = hr[c] * inv * weight[c];
-  }
+  const int64_t r = blockIdx.x;
+  add_rms_norm_row<kPerThread, false>(h + r * cols, branch + r * cols, cols, weight, eps, y + r * cols, nullptr);
 }
 
 // One block per row; the block reduces the sum of squares through shared memory. kPerThread
@@ -124,7 +71,7 @@ __global__ void __launch_bounds__(1024)
     }
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) sum += v[i] * v[i];  // zeros past cols add nothing
-    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
+    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
@@ -132,7 +79,7 @@ __global__ void __launch_bounds__(1024)
     }
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c] * xr[c];
-    const float inv = rsqrtf(block_sum(sum, partial) / static_cast<float>(cols) + eps);
+    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * weight[c];
   }
 }

@@ -99,6 +99,35 @@ __global__ void gated_rmsnorm_to_fp8_activations(const float* __restrict__ x, co
   for (int i = 0; i < kVec; ++i) store_fp8_group(sink, row / heads, (row % heads) * kVec + i, lane, y[i]);
 }
 
+// add_rms_norm (h += branch, y = rms_norm(h)) with its output also quantized into the FP8
+// activations of the matmuls that follow: one block a row, launched as add_rms_norm is (same
+// block size and kPerThread: the same reduction, so the same y); the row is staged in shared
+// memory (cols floats) and each warp stores its 128-column groups through store_fp8_group, so
+// the codes equal quantize_fp8_activations of add_rms_norm's output without that pass. y_bf16
+// (when not null) gets y in bf16 too, as f32_to_bf16 rounds it, for the bf16 GEMMs of the same
+// input (the GDN's small a/b projections).
+template <int kPerThread>
+__global__ void __launch_bounds__(1024)
+    add_rms_norm_to_fp8_activations(float* h, const float* __restrict__ branch, int64_t cols,
+                                    const float* __restrict__ weight, float eps, float* __restrict__ y,
+                                    const Fp8ActivationSink sink, uint16_t* __restrict__ y_bf16) {
+  extern __shared__ float4 staged[];
+  const int64_t r = blockIdx.x;
+  add_rms_norm_row<kPerThread, true>(h + r * cols, branch + r * cols, cols, weight, eps, y + r * cols,
+                                     reinterpret_cast<float*>(staged));
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t g = threadIdx.x >> 5; g < cols / 128; g += blockDim.x >> 5) {
+    const float4 v = staged[g * 32 + lane];
+    store_fp8_group(sink, r, g, lane, v);
+    if (y_bf16) {
+      const uint32_t lo = float_to_bf16_bits(v.x) | (uint32_t(float_to_bf16_bits(v.y)) << 16);
+      const uint32_t hi = float_to_bf16_bits(v.z) | (uint32_t(float_to_bf16_bits(v.w)) << 16);
+      reinterpret_cast<uint2*>(y_bf16 + r * cols + g * 128)[lane] = make_uint2(lo, hi);
+    }
+  }
+}
+
 // One block of 256 threads per 128×128 block: thread t owns 64 columns of row t / 2.
 __global__ void __launch_bounds__(256) requantize_bf16_to_fp8_blocks(const uint16_t* __restrict__ w, int64_t n,
                                                                      int64_t k, uint8_t* __restrict__ codes,

@@ -1,6 +1,7 @@
-// The per-row RMSNorm of one warp (inline device code only, so that any kernel file can
-// include it): used by kernels_hybrid.cuh's row_norm_warps and by the FP8 prefill producer
-// that quantizes the GDN output's gated norm (kernels_fp8_prefill.cuh).
+// Row RMSNorms as inline device code only, so that any kernel file can include them: the
+// per-row norm of one warp (kernels_hybrid.cuh's row_norm_warps, and the FP8 prefill producer
+// that quantizes the GDN output's gated norm) and the block-a-row residual add + norm
+// (kernels_elementwise.cuh's add_rms_norm, and the FP8 prefill producer that quantizes it).
 #pragma once
 
 #include "backends/cuda/kernels_common.cuh"
@@ -33,6 +34,75 @@ __device__ __forceinline__ void row_norm_warp_values(const float* xr, const floa
       return out;
     };
     y[i] = make_float4(one(v[i].x, w.x, g.x), one(v[i].y, w.y, g.y), one(v[i].z, w.z, g.z), one(v[i].w, w.w, g.w));
+  }
+}
+
+// The sum of `sum` over the block (every thread gets it); partial is 32 floats of shared memory.
+__device__ __forceinline__ float norm_block_sum(float sum, float* partial) {
+  sum = warp_sum(sum);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
+  }
+  __syncthreads();
+  return partial[0];
+}
+
+// One block per row: h += branch, then y = rms_norm(h) (the residual add and the next layer's
+// norm in one pass). With kPerThread > 0 (cols <= kPerThread * blockDim.x) every load of the
+// row (h, branch, weight) is issued before the first store, so the kernel pays one memory
+// latency instead of one per strided step (at batch 1 these kernels are latency-bound);
+// kPerThread = 0 loops over any width. Either way, the same float operations in the same
+// order as rms_norm (below) with the same block size. With kStage, y's row also goes to
+// `stage` (shared memory, cols floats) for a fused consumer (kernels_fp8_prefill.cuh); the
+// caller synchronizes the block before reading it.
+template <int kPerThread, bool kStage>
+__device__ __forceinline__ void add_rms_norm_row(float* hr, const float* __restrict__ br, int64_t cols,
+                                                 const float* __restrict__ weight, float eps, float* __restrict__ yr,
+                                                 float* stage) {
+  __shared__ float partial[32];
+  float sum = 0.0f;
+  if constexpr (kPerThread > 0) {
+    float v[kPerThread], w[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      v[i] = c < cols ? hr[c] + br[c] : 0.0f;
+      w[i] = c < cols ? weight[c] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) {
+        hr[c] = v[i];
+        sum += v[i] * v[i];
+      }
+    }
+    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) {
+        const float out = v[i] * inv * w[i];
+        yr[c] = out;
+        if constexpr (kStage) stage[c] = out;
+      }
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = hr[c] + br[c];
+      hr[c] = v;
+      sum += v * v;
+    }
+    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float out = hr[c] * inv * weight[c];
+      yr[c] = out;
+      if constexpr (kStage) stage[c] = out;
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_elementwise.cuh"
 #include "backends/cuda/launch_overlapped.h"
+#include "backends/cuda/launch_per_row.h"
 #include "backends/cuda/launchers.h"
 
 namespace ninfer::cuda {
@@ -17,24 +18,6 @@ constexpr int64_t kMaxStrideBlocks = 132 * 16;
 
 unsigned int stride_blocks(int64_t n) {
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min<int64_t>(kMaxStrideBlocks, (n + kThreads - 1) / kThreads)));
-}
-
-int row_threads(int64_t cols) { return cols >= 1024 ? 1024 : (cols >= 256 ? 256 : 128); }
-
-// Launches Kernel<kPerThread> (one block per row) with the smallest kPerThread that holds a
-// row in registers, or the looping Kernel<0> for rows wider than 16 values a thread.
-template <template <int> class Kernel, typename... Args>
-void per_row(int64_t rows, int64_t cols, bool overlap, cudaStream_t stream, Args... args) {
-  const int threads = row_threads(cols);
-  const int64_t per_thread = (cols + threads - 1) / threads;
-  const dim3 grid(static_cast<unsigned int>(rows)), block(static_cast<unsigned int>(threads));
-  auto run = [&](auto kernel) { launch_overlapped(overlap, grid, block, 0, stream, kernel, args...); };
-  if (per_thread <= 1) return run(Kernel<1>::kernel);
-  if (per_thread <= 2) return run(Kernel<2>::kernel);
-  if (per_thread <= 4) return run(Kernel<4>::kernel);
-  if (per_thread <= 8) return run(Kernel<8>::kernel);
-  if (per_thread <= 16) return run(Kernel<16>::kernel);
-  run(Kernel<0>::kernel);
 }
 
 template <int kPerThread>
@@ -77,14 +60,14 @@ void launch_embedding(const bf16_bits* table, int64_t cols, const int32_t* token
 void launch_rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y,
                      cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  per_row<RmsNorm>(rows, cols, overlap_previous, stream, x, cols, weight, eps, y);
+  per_row<RmsNorm>(rows, cols, overlap_previous, 0, stream, x, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* h, const float* branch, int64_t rows, int64_t cols, const float* weight, float eps,
                          float* y, cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  per_row<AddRmsNorm>(rows, cols, overlap_previous, stream, h, branch, cols, weight, eps, y);
+  per_row<AddRmsNorm>(rows, cols, overlap_previous, 0, stream, h, branch, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels_fp8_prefill.cuh"
+#include "backends/cuda/launch_per_row.h"
 #include "backends/cuda/launchers_fp8_prefill.h"
 
 namespace ninfer::cuda {
@@ -15,6 +16,13 @@ unsigned int warp_per_group_blocks(const Fp8ActivationSink& sink) {
   if (sink.k % 128 != 0) throw std::invalid_argument("FP8 activations: k must be a multiple of 128");
   return static_cast<unsigned int>((sink.m * (sink.k / 128) + 7) / 8);
 }
+
+template <int kPerThread>
+struct AddRmsNormToFp8 {
+  static constexpr auto kernel = kernels::add_rms_norm_to_fp8_activations<kPerThread>;
+};
+
+constexpr int64_t kStagedRowBytes = 48 * 1024;
 
 }  // namespace
 
@@ -30,6 +38,22 @@ void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const 
   const unsigned int blocks = warp_per_group_blocks(sink);
   if (sink.m <= 0) return;
   kernels::swiglu_to_fp8_activations<<<blocks, 256, 0, stream>>>(gate, up, sink);
+  NINFER_CUDA_CHECK(cudaGetLastError());
+}
+
+bool add_rms_norm_to_fp8_fits(int64_t cols) {
+  return cols > 0 && cols % 128 == 0 && cols * 4 <= kStagedRowBytes;
+}
+
+void launch_add_rms_norm_to_fp8_activations(float* h, const float* branch, const float* weight, float eps, float* y,
+                                            const Fp8ActivationSink& sink, uint16_t* y_bf16, cudaStream_t stream) {
+  if (!add_rms_norm_to_fp8_fits(sink.k))
+    throw std::invalid_argument("add_rms_norm_to_fp8: rows of 128-column groups, at most 12288 columns");
+  if (sink.m <= 0) return;
+  // Not overlapped with the previous kernel: per_row's choice of block and kPerThread, as
+  // launch_add_rms_norm makes it, is what keeps y (and so the codes) bit for bit.
+  per_row<AddRmsNormToFp8>(sink.m, sink.k, false, static_cast<size_t>(sink.k) * 4, stream, h, branch, sink.k, weight,
+                           eps, y, sink, y_bf16);
   NINFER_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -34,6 +34,17 @@ void launch_quantize_fp8_activations(const float* x, const Fp8ActivationSink& si
 void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const Fp8ActivationSink& sink,
                                       cudaStream_t stream);
 
+// Whether launch_add_rms_norm_to_fp8_activations takes rows of `cols`: a whole number of
+// 128-column groups whose f32 row fits the kernel's shared memory (48 KiB).
+bool add_rms_norm_to_fp8_fits(int64_t cols);
+
+// launch_add_rms_norm (h += branch, y = rms_norm(h) over rows of sink.k) that also writes the
+// sink's codes and scales of y, bit for bit those of launch_quantize_fp8_activations(y), and,
+// when y_bf16 is not null, y in bf16 as launch_f32_to_bf16 writes it; throws unless
+// add_rms_norm_to_fp8_fits(sink.k).
+void launch_add_rms_norm_to_fp8_activations(float* h, const float* branch, const float* weight, float eps, float* y,
+                                            const Fp8ActivationSink& sink, uint16_t* y_bf16, cudaStream_t stream);
+
 // Whether launch_gated_rmsnorm_to_fp8_activations takes these: dim 128, 256 or 512 and x, z,
 // weight 16-byte aligned (else the caller takes the f32 norm and the quantizer).
 bool gated_rmsnorm_to_fp8_fits(const float* x, const float* z, const float* weight, int64_t dim);

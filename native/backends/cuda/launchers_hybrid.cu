@@ -258,6 +258,13 @@ void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t 
   launch_row_norm<false, true>(overlap, x, dim, z, rows, dim, weight, eps, out, dim, stream);
 }
 
+bool head_rms_norm_fits(int64_t dim) { return dim == 128 || dim == 256 || dim == 512; }
+
+void launch_head_rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out,
+                          cudaStream_t stream, bool overlap) {
+  launch_row_norm<false, false>(overlap, x, dim, nullptr, rows, dim, weight, eps, out, dim, stream);
+}
+
 void launch_rmsnorm_zero_centered(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,
                                   float eps, float* out, int64_t out_stride, cudaStream_t stream) {
   launch_row_norm<true, false>(false, x, x_stride, nullptr, rows, dim, weight, eps, out, out_stride, stream);

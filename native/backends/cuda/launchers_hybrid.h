@@ -117,6 +117,14 @@ void launch_gdn_chunk_scan(const GdnDims& shape, const DeltaRuleArgs& args, cons
 void launch_gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* weight, float eps,
                           float* out, cudaStream_t stream, bool overlap = false);
 
+// out = x * rsqrt(mean(x^2) + eps) * weight per row of dim floats (out may be x): the per-head
+// norms (q_norm, k_norm) of attention. A warp a row where dim is 128, 256 or 512 and the rows
+// are 16-byte aligned (a block of dim threads a row spends most of its time in the block-wide
+// reduction when rows are that short), else a block a row.
+bool head_rms_norm_fits(int64_t dim);
+void launch_head_rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out,
+                          cudaStream_t stream, bool overlap = false);
+
 // out = x * rsqrt(mean(x^2) + eps) * (1 + weight) per row of dim floats, with row strides.
 void launch_rmsnorm_zero_centered(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,
                                   float eps, float* out, int64_t out_stride, cudaStream_t stream);
