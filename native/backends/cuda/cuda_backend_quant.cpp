@@ -86,7 +86,8 @@ void CudaBackend::swiglu_matmul(float* gate, const float* up, int64_t rows, cons
 void CudaBackend::add_rms_norm_matmul(float* y, const float* x, int64_t rows, int64_t cols, const float* weight,
                                       float eps, float* normed, std::span<const MatmulOutput> outputs) {
   Fp8BlockGemm* fp8 = nullptr;
-  if (rows > 16 && normed != y && normed != x && fp8_fused_producers_enabled() && add_rms_norm_to_fp8_fits(cols)) {
+  if (rows > 16 && normed != y && normed != x && fp8_fused_producers_enabled() &&
+      add_rms_norm_to_fp8_fits(y, x, weight, normed, cols)) {
     for (const auto& o : outputs)
       if (!fp8 && o.weight->cols == cols && is_block_quantized(o.weight->dtype)) fp8 = fp8_gemm_taking(*o.weight, rows);
   }

@@ -47,7 +47,26 @@ __global__ void __launch_bounds__(1024) add_rms_norm(float* h, const float* __re
   allow_dependent_launch();  // the next GEMV may start streaming its weights
   wait_for_prerequisite_grids();
   const int64_t r = blockIdx.x;
-  add_rms_norm_row<kPerThread, false>(h + r * cols, branch + r * cols, cols, weight, eps, y + r * cols, nullptr);
+  add_rms_norm_row<kPerThread>(h + r * cols, branch + r * cols, cols, weight, eps, y + r * cols);
+}
+
+// rms_norm (kAdd: add_rms_norm) of rows of 128-column groups, one block a row, through
+// vec_norm_row (x may equal y: every load comes before the first store).
+template <int kPerWarp, bool kAdd>
+__global__ void __launch_bounds__(kVecNormThreads) vec_rms_norm(float* h, const float* __restrict__ branch, int64_t cols,
+                                                     const float* __restrict__ weight, float eps, float* y) {
+  allow_dependent_launch();  // the next GEMV may start streaming its weights
+  wait_for_prerequisite_grids();
+  const int64_t r = blockIdx.x, groups = cols / 128;
+  float4 v[kPerWarp];
+  vec_norm_row<kPerWarp, kAdd>(h + r * cols, kAdd ? branch + r * cols : nullptr, groups, weight, eps, v);
+  float4* yr = reinterpret_cast<float4*>(y + r * cols);
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int64_t g = warp + int64_t(i) * (blockDim.x >> 5);
+    if (g < groups) yr[g * 32 + lane] = v[i];
+  }
 }
 
 // One block per row; the block reduces the sum of squares through shared memory. kPerThread

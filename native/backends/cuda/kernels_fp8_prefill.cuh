@@ -99,30 +99,30 @@ __global__ void gated_rmsnorm_to_fp8_activations(const float* __restrict__ x, co
   for (int i = 0; i < kVec; ++i) store_fp8_group(sink, row / heads, (row % heads) * kVec + i, lane, y[i]);
 }
 
-// add_rms_norm (h += branch, y = rms_norm(h)) with its output also quantized into the FP8
-// activations of the matmuls that follow: one block a row, launched as add_rms_norm is (same
-// block size and kPerThread: the same reduction, so the same y); the row is staged in shared
-// memory (cols floats) and each warp stores its 128-column groups through store_fp8_group, so
-// the codes equal quantize_fp8_activations of add_rms_norm's output without that pass. y_bf16
-// (when not null) gets y in bf16 too, as f32_to_bf16 rounds it, for the bf16 GEMMs of the same
-// input (the GDN's small a/b projections).
-template <int kPerThread>
-__global__ void __launch_bounds__(1024)
+// add_rms_norm of rows of 128-column groups (vec_rms_norm<kPerWarp, true>'s values, bit for
+// bit) with y also quantized into the FP8 activations of the matmuls that follow: each warp
+// holds whole groups in registers and stores them through store_fp8_group, so the codes equal
+// quantize_fp8_activations of add_rms_norm's output without that pass. y_bf16 (when not null)
+// gets y in bf16 too, as f32_to_bf16 rounds it, for the bf16 GEMMs of the same input (the GDN's
+// small a/b projections).
+template <int kPerWarp>
+__global__ void __launch_bounds__(kVecNormThreads)
     add_rms_norm_to_fp8_activations(float* h, const float* __restrict__ branch, int64_t cols,
                                     const float* __restrict__ weight, float eps, float* __restrict__ y,
                                     const Fp8ActivationSink sink, uint16_t* __restrict__ y_bf16) {
-  extern __shared__ float4 staged[];
-  const int64_t r = blockIdx.x;
-  add_rms_norm_row<kPerThread, true>(h + r * cols, branch + r * cols, cols, weight, eps, y + r * cols,
-                                     reinterpret_cast<float*>(staged));
-  __syncthreads();
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  for (int64_t g = threadIdx.x >> 5; g < cols / 128; g += blockDim.x >> 5) {
-    const float4 v = staged[g * 32 + lane];
-    store_fp8_group(sink, r, g, lane, v);
+  const int64_t r = blockIdx.x, groups = cols / 128;
+  float4 v[kPerWarp];
+  vec_norm_row<kPerWarp, true>(h + r * cols, branch + r * cols, groups, weight, eps, v);
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int64_t g = warp + int64_t(i) * (blockDim.x >> 5);
+    if (g >= groups) continue;  // warp-uniform: store_fp8_group reduces over the warp
+    reinterpret_cast<float4*>(y + r * cols)[g * 32 + lane] = v[i];
+    store_fp8_group(sink, r, g, lane, v[i]);
     if (y_bf16) {
-      const uint32_t lo = float_to_bf16_bits(v.x) | (uint32_t(float_to_bf16_bits(v.y)) << 16);
-      const uint32_t hi = float_to_bf16_bits(v.z) | (uint32_t(float_to_bf16_bits(v.w)) << 16);
+      const uint32_t lo = float_to_bf16_bits(v[i].x) | (uint32_t(float_to_bf16_bits(v[i].y)) << 16);
+      const uint32_t hi = float_to_bf16_bits(v[i].z) | (uint32_t(float_to_bf16_bits(v[i].w)) << 16);
       reinterpret_cast<uint2*>(y_bf16 + r * cols + g * 128)[lane] = make_uint2(lo, hi);
     }
   }

@@ -56,13 +56,10 @@ __device__ __forceinline__ float norm_block_sum(float sum, float* partial) {
 // row (h, branch, weight) is issued before the first store, so the kernel pays one memory
 // latency instead of one per strided step (at batch 1 these kernels are latency-bound);
 // kPerThread = 0 loops over any width. Either way, the same float operations in the same
-// order as rms_norm (below) with the same block size. With kStage, y's row also goes to
-// `stage` (shared memory, cols floats) for a fused consumer (kernels_fp8_prefill.cuh); the
-// caller synchronizes the block before reading it.
-template <int kPerThread, bool kStage>
+// order as rms_norm (kernels_elementwise.cuh) with the same block size.
+template <int kPerThread>
 __device__ __forceinline__ void add_rms_norm_row(float* hr, const float* __restrict__ br, int64_t cols,
-                                                 const float* __restrict__ weight, float eps, float* __restrict__ yr,
-                                                 float* stage) {
+                                                 const float* __restrict__ weight, float eps, float* __restrict__ yr) {
   __shared__ float partial[32];
   float sum = 0.0f;
   if constexpr (kPerThread > 0) {
@@ -85,11 +82,7 @@ __device__ __forceinline__ void add_rms_norm_row(float* hr, const float* __restr
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      if (c < cols) {
-        const float out = v[i] * inv * w[i];
-        yr[c] = out;
-        if constexpr (kStage) stage[c] = out;
-      }
+      if (c < cols) yr[c] = v[i] * inv * w[i];
     }
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -98,12 +91,57 @@ __device__ __forceinline__ void add_rms_norm_row(float* hr, const float* __restr
       sum += v * v;
     }
     const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float out = hr[c] * inv * weight[c];
-      yr[c] = out;
-      if constexpr (kStage) stage[c] = out;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = hr[c] * inv * weight[c];
+  }
+}
+
+// The block-a-row RMSNorm of rows of 128-column groups (rms_norm, and with kAdd add_rms_norm's
+// h += branch first): warp w of the block's W warps holds groups w + W·i (i < kPerWarp) of the
+// row, lane l columns 4l..4l+3 of each, in float4 registers. Every load is a 16-byte vector
+// issued before the first use, and each 128-column group lies in one warp's registers, so a
+// consumer that reduces per group (the FP8 quantizer, kernels_fp8_prefill.cuh) takes the normed
+// values from registers. v gets the normed row; with kAdd, hr gets h + branch. The sum runs in
+// the same order for rms_norm and add_rms_norm, so the two give the same bits.
+inline constexpr int kVecNormThreads = 256;  // the blocks of vec_norm_row's kernels (launch_per_row.h)
+template <int kPerWarp, bool kAdd>
+__device__ __forceinline__ void vec_norm_row(float* hr, const float* __restrict__ br, int64_t groups,
+                                             const float* __restrict__ weight, float eps, float4 (&v)[kPerWarp]) {
+  __shared__ float partial[32];
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  const float4* h4 = reinterpret_cast<const float4*>(hr);
+  const float4* b4 = reinterpret_cast<const float4*>(br);
+  const float4* w4 = reinterpret_cast<const float4*>(weight);
+  float4 w[kPerWarp];
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int64_t g = warp + int64_t(i) * warps;
+    v[i] = w[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (g < groups) {
+      v[i] = h4[g * 32 + lane];
+      w[i] = w4[g * 32 + lane];
+      if constexpr (kAdd) {
+        const float4 b = b4[g * 32 + lane];
+        v[i] = make_float4(v[i].x + b.x, v[i].y + b.y, v[i].z + b.z, v[i].w + b.w);
+      }
     }
   }
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int64_t g = warp + int64_t(i) * warps;
+    if (g < groups) {
+      if constexpr (kAdd) reinterpret_cast<float4*>(hr)[g * 32 + lane] = v[i];
+      sum += v[i].x * v[i].x;
+      sum += v[i].y * v[i].y;
+      sum += v[i].z * v[i].z;
+      sum += v[i].w * v[i].w;
+    }
+  }
+  const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(groups * 128) + eps);
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i)
+    v[i] = make_float4(v[i].x * inv * w[i].x, v[i].y * inv * w[i].y, v[i].z * inv * w[i].z, v[i].w * inv * w[i].w);
 }
 
 }  // namespace ninfer::cuda::kernels

@@ -12,6 +12,8 @@ namespace ninfer::cuda {
 
 namespace {
 
+static_assert(32 * kVecRowWarps == kernels::kVecNormThreads);
+
 constexpr int kThreads = 256;
 // Grid-stride kernels never need more blocks than this to fill the chip.
 constexpr int64_t kMaxStrideBlocks = 132 * 16;
@@ -28,6 +30,16 @@ struct RmsNorm {
 template <int kPerThread>
 struct AddRmsNorm {
   static constexpr auto kernel = kernels::add_rms_norm<kPerThread>;
+};
+
+template <int kPerWarp>
+struct VecRmsNorm {
+  static constexpr auto kernel = kernels::vec_rms_norm<kPerWarp, false>;
+};
+
+template <int kPerWarp>
+struct VecAddRmsNorm {
+  static constexpr auto kernel = kernels::vec_rms_norm<kPerWarp, true>;
 };
 
 }  // namespace
@@ -60,14 +72,20 @@ void launch_embedding(const bf16_bits* table, int64_t cols, const int32_t* token
 void launch_rms_norm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* y,
                      cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  per_row<RmsNorm>(rows, cols, overlap_previous, 0, stream, x, cols, weight, eps, y);
+  if (vec_norm_rows(cols, {x, weight, y}))
+    per_vec_row<VecRmsNorm>(rows, cols, overlap_previous, stream, const_cast<float*>(x), nullptr, cols, weight, eps, y);
+  else
+    per_row<RmsNorm>(rows, cols, overlap_previous, 0, stream, x, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* h, const float* branch, int64_t rows, int64_t cols, const float* weight, float eps,
                          float* y, cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return;
-  per_row<AddRmsNorm>(rows, cols, overlap_previous, 0, stream, h, branch, cols, weight, eps, y);
+  if (vec_norm_rows(cols, {h, branch, weight, y}))
+    per_vec_row<VecAddRmsNorm>(rows, cols, overlap_previous, stream, h, branch, cols, weight, eps, y);
+  else
+    per_row<AddRmsNorm>(rows, cols, overlap_previous, 0, stream, h, branch, cols, weight, eps, y);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

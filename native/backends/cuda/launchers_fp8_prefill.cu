@@ -12,17 +12,17 @@ namespace ninfer::cuda {
 
 namespace {
 
+static_assert(32 * kVecRowWarps == kernels::kVecNormThreads);
+
 unsigned int warp_per_group_blocks(const Fp8ActivationSink& sink) {
   if (sink.k % 128 != 0) throw std::invalid_argument("FP8 activations: k must be a multiple of 128");
   return static_cast<unsigned int>((sink.m * (sink.k / 128) + 7) / 8);
 }
 
-template <int kPerThread>
+template <int kPerWarp>
 struct AddRmsNormToFp8 {
-  static constexpr auto kernel = kernels::add_rms_norm_to_fp8_activations<kPerThread>;
+  static constexpr auto kernel = kernels::add_rms_norm_to_fp8_activations<kPerWarp>;
 };
-
-constexpr int64_t kStagedRowBytes = 48 * 1024;
 
 }  // namespace
 
@@ -41,19 +41,18 @@ void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const 
   NINFER_CUDA_CHECK(cudaGetLastError());
 }
 
-bool add_rms_norm_to_fp8_fits(int64_t cols) {
-  return cols > 0 && cols % 128 == 0 && cols * 4 <= kStagedRowBytes;
+bool add_rms_norm_to_fp8_fits(const float* h, const float* branch, const float* weight, const float* y,
+                              int64_t cols) {
+  return vec_norm_rows(cols, {h, branch, weight, y});
 }
 
 void launch_add_rms_norm_to_fp8_activations(float* h, const float* branch, const float* weight, float eps, float* y,
                                             const Fp8ActivationSink& sink, uint16_t* y_bf16, cudaStream_t stream) {
-  if (!add_rms_norm_to_fp8_fits(sink.k))
-    throw std::invalid_argument("add_rms_norm_to_fp8: rows of 128-column groups, at most 12288 columns");
+  if (!add_rms_norm_to_fp8_fits(h, branch, weight, y, sink.k))
+    throw std::invalid_argument("add_rms_norm_to_fp8: rows of 128-column groups (at most 16384), 16-byte aligned");
   if (sink.m <= 0) return;
-  // Not overlapped with the previous kernel: per_row's choice of block and kPerThread, as
-  // launch_add_rms_norm makes it, is what keeps y (and so the codes) bit for bit.
-  per_row<AddRmsNormToFp8>(sink.m, sink.k, false, static_cast<size_t>(sink.k) * 4, stream, h, branch, sink.k, weight,
-                           eps, y, sink, y_bf16);
+  // per_vec_row, as launch_add_rms_norm launches the same rows: the same values, bit for bit.
+  per_vec_row<AddRmsNormToFp8>(sink.m, sink.k, false, stream, h, branch, sink.k, weight, eps, y, sink, y_bf16);
   NINFER_CUDA_CHECK(cudaGetLastError());
 }
 

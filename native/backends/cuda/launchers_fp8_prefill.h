@@ -34,9 +34,10 @@ void launch_quantize_fp8_activations(const float* x, const Fp8ActivationSink& si
 void launch_swiglu_to_fp8_activations(const float* gate, const float* up, const Fp8ActivationSink& sink,
                                       cudaStream_t stream);
 
-// Whether launch_add_rms_norm_to_fp8_activations takes rows of `cols`: a whole number of
-// 128-column groups whose f32 row fits the kernel's shared memory (48 KiB).
-bool add_rms_norm_to_fp8_fits(int64_t cols);
+// Whether launch_add_rms_norm_to_fp8_activations takes these: rows of a whole number of
+// 128-column groups (at most 16384 columns), every pointer 16-byte aligned (the rows
+// launch_add_rms_norm runs through the same vector kernel).
+bool add_rms_norm_to_fp8_fits(const float* h, const float* branch, const float* weight, const float* y, int64_t cols);
 
 // launch_add_rms_norm (h += branch, y = rms_norm(h) over rows of sink.k) that also writes the
 // sink's codes and scales of y, bit for bit those of launch_quantize_fp8_activations(y), and,
