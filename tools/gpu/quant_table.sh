@@ -25,18 +25,16 @@ status=0
 kv=${KV_DTYPES:-bf16,fp8}
 dtypes=${DTYPES:-fp8,nvfp4}
 steps=${STEPS:-8}
+source tools/gpu/common.sh
 if [ "${PEER:-0}" = 1 ]; then
   stamp "llama.cpp build in the background"
-  LLAMA_BUILD_ONLY=1 LLAMA_JOBS=$(($(nproc) - 2)) LLAMA_NICE=15 tools/gpu/llama_peer.sh /tmp/peer-build \
-    >/tmp/peer-build.out 2>&1 &
-  builder=$!
+  peer_build_start
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   stamp "check.sh (build + GPU tests)"
   NINFER_BENCH=none tools/gpu/check.sh "$out/check" >/tmp/check.out 2>&1 || status=1
   tail -12 /tmp/check.out
 fi
-source tools/gpu/common.sh
 install_wheels
 [ -f build/gpu/env.sh ] || build_extension "$out/build.log" || exit 1
 # shellcheck disable=SC1091
@@ -64,15 +62,10 @@ if [ "${PREFILL:-0}" = 1 ]; then
   cat /tmp/pf/results_fp8_prefill.md /tmp/profile.log >"$out/prefill.md" 2>/dev/null
 fi
 if [ "${PEER:-0}" = 1 ]; then
-  stamp "waiting for the llama.cpp build"
-  wait "$builder" || { status=1; tail -30 /tmp/peer-build.out; }
-  grep "^build:" /tmp/peer-build/build.log
-  stamp "llama.cpp peer"
-  timeout "${PEER_S:-240}" tools/gpu/llama_peer.sh /tmp/peer ${PEER_ARGS:---depths 1024 8192 --reps 2} \
-    >/tmp/peer.out 2>&1 || status=1
-  tail -20 /tmp/peer.out
-  cp /tmp/peer/llama_peer.json /tmp/peer/llama_peer.md "$out/" 2>/dev/null
-  cat /tmp/peer-build/build.log /tmp/peer/llama_peer.log 2>/dev/null | tail -80 >"$out/peer_log.txt"
+  stamp "llama.cpp peer (after its build)"
+  # shellcheck disable=SC2086  # PEER_ARGS: llama_peer.py options
+  peer_run "$out" ${PEER_ARGS:---depths 1024 8192 --reps 2} || status=1
+  cp /tmp/peer/llama_peer.json "$out/" 2>/dev/null
 fi
 python3 bench/quant_table.py --out "$out/quant_table.md" --quant "$out/results_quant.json" \
   --moe "$out/results_moe_quant.json" --peer "$out/llama_peer.json" >/dev/null || status=1

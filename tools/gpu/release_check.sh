@@ -16,16 +16,14 @@ export PYTHONUNBUFFERED=1
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 status=0
+source tools/gpu/common.sh
 if [ "${PEER:-0}" = 1 ]; then
   stamp "llama.cpp build in the background"
-  LLAMA_BUILD_ONLY=1 LLAMA_JOBS=$(($(nproc) - 2)) LLAMA_NICE=15 tools/gpu/llama_peer.sh /tmp/peer-build \
-    >/tmp/peer-build.out 2>&1 &
-  builder=$!
+  peer_build_start
 fi
 stamp "check.sh (build + GPU tests)"
 NINFER_BENCH=none tools/gpu/check.sh "$out/check" >/tmp/check.out 2>&1 || status=1
 tail -40 /tmp/check.out
-source tools/gpu/common.sh
 install_wheels
 # shellcheck disable=SC1091
 source build/gpu/env.sh
@@ -49,15 +47,9 @@ if [ "${SERVE:-1}" = 1 ]; then
   tail -30 /tmp/st.log
 fi
 if [ "${PEER:-0}" = 1 ]; then
-  stamp "waiting for the llama.cpp build"
-  wait "$builder" || { status=1; tail -30 /tmp/peer-build.out; }
-  grep "^build:" /tmp/peer-build/build.log
-  stamp "llama.cpp peer"
-  timeout "${PEER_S:-240}" tools/gpu/llama_peer.sh /tmp/peer ${PEER_ARGS:---depths 1024 8192} >/tmp/peer.out 2>&1 ||
-    status=1
-  tail -40 /tmp/peer.out
-  cp /tmp/peer/llama_peer.md "$out/" 2>/dev/null
-  cat /tmp/peer-build/build.log /tmp/peer/llama_peer.log 2>/dev/null | tail -150 >"$out/peer_log.txt"
+  stamp "llama.cpp peer (after its build)"
+  # shellcheck disable=SC2086  # PEER_ARGS: llama_peer.py options
+  peer_run "$out" ${PEER_ARGS:---depths 1024 8192} || status=1
   # Room for the binary's parts among the device's 8 returned files.
   cat "$out/check/machine.txt" "$out/check/build.log" >"$out/check/machine_build.txt" 2>/dev/null &&
     rm -f "$out/check/machine.txt" "$out/check/build.log"

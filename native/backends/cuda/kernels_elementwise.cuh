@@ -41,13 +41,54 @@ __global__ void embedding(const uint16_t* __restrict__ table, int64_t cols, cons
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = bf16_bits_to_float(src[c]);
 }
 
+// One block per row: h += branch, then y = rms_norm(h) (the residual add and the next layer's
+// norm in one pass). With kPerThread > 0 (cols <= kPerThread * blockDim.x) every load of the
+// row (h, branch, weight) is issued before the first store, so the kernel pays one memory
+// latency instead of one per strided step (at batch 1 these kernels are latency-bound);
+// kPerThread = 0 loops over any width. Either way, the same float operations in the same
+// order as rms_norm (below) with the same block size. Rows of whole 128-column groups take
+// vec_rms_norm instead (launch_per_row.h).
 template <int kPerThread>
 __global__ void __launch_bounds__(1024) add_rms_norm(float* h, const float* __restrict__ branch, int64_t cols,
                              const float* __restrict__ weight, float eps, float* __restrict__ y) {
   allow_dependent_launch();  // the next GEMV may start streaming its weights
   wait_for_prerequisite_grids();
-  const int64_t r = blockIdx.x;
-  add_rms_norm_row<kPerThread>(h + r * cols, branch + r * cols, cols, weight, eps, y + r * cols);
+  float* hr = h + static_cast<int64_t>(blockIdx.x) * cols;
+  const float* br = branch + static_cast<int64_t>(blockIdx.x) * cols;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
+  __shared__ float partial[32];
+  float sum = 0.0f;
+  if constexpr (kPerThread > 0) {
+    float v[kPerThread], w[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      v[i] = c < cols ? hr[c] + br[c] : 0.0f;
+      w[i] = c < cols ? weight[c] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) {
+        hr[c] = v[i];
+        sum += v[i] * v[i];
+      }
+    }
+    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) yr[c] = v[i] * inv * w[i];
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = hr[c] + br[c];
+      hr[c] = v;
+      sum += v * v;
+    }
+    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = hr[c] * inv * weight[c];
+  }
 }
 
 // rms_norm (kAdd: add_rms_norm) of rows of 128-column groups, one block a row, through

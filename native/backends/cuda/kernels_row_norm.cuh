@@ -1,7 +1,8 @@
 // Row RMSNorms as inline device code only, so that any kernel file can include them: the
 // per-row norm of one warp (kernels_hybrid.cuh's row_norm_warps, and the FP8 prefill producer
-// that quantizes the GDN output's gated norm) and the block-a-row residual add + norm
-// (kernels_elementwise.cuh's add_rms_norm, and the FP8 prefill producer that quantizes it).
+// that quantizes the GDN output's gated norm) and the block-a-row norm of rows of 128-column
+// groups (kernels_elementwise.cuh's rms_norm / add_rms_norm, and the FP8 prefill producer that
+// quantizes the residual add + norm).
 #pragma once
 
 #include "backends/cuda/kernels_common.cuh"
@@ -49,50 +50,6 @@ __device__ __forceinline__ float norm_block_sum(float sum, float* partial) {
   }
   __syncthreads();
   return partial[0];
-}
-
-// One block per row: h += branch, then y = rms_norm(h) (the residual add and the next layer's
-// norm in one pass). With kPerThread > 0 (cols <= kPerThread * blockDim.x) every load of the
-// row (h, branch, weight) is issued before the first store, so the kernel pays one memory
-// latency instead of one per strided step (at batch 1 these kernels are latency-bound);
-// kPerThread = 0 loops over any width. Either way, the same float operations in the same
-// order as rms_norm (kernels_elementwise.cuh) with the same block size.
-template <int kPerThread>
-__device__ __forceinline__ void add_rms_norm_row(float* hr, const float* __restrict__ br, int64_t cols,
-                                                 const float* __restrict__ weight, float eps, float* __restrict__ yr) {
-  __shared__ float partial[32];
-  float sum = 0.0f;
-  if constexpr (kPerThread > 0) {
-    float v[kPerThread], w[kPerThread];
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      v[i] = c < cols ? hr[c] + br[c] : 0.0f;
-      w[i] = c < cols ? weight[c] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      if (c < cols) {
-        hr[c] = v[i];
-        sum += v[i] * v[i];
-      }
-    }
-    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      if (c < cols) yr[c] = v[i] * inv * w[i];
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float v = hr[c] + br[c];
-      hr[c] = v;
-      sum += v * v;
-    }
-    const float inv = rsqrtf(norm_block_sum(sum, partial) / static_cast<float>(cols) + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = hr[c] * inv * weight[c];
-  }
 }
 
 // The block-a-row RMSNorm of rows of 128-column groups (rms_norm, and with kAdd add_rms_norm's
