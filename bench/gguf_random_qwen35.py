@@ -1,23 +1,31 @@
 """Write a random-valued GGUF of a Qwen3.5/3.6 hybrid decoder shape (llama.cpp's `qwen35`
-architecture) in Q8_0 or Q4_K_M, for llama-bench on the same shape as NInfer's benchmarks.
+architecture, or `qwen35moe` for the mixture-of-experts shapes) in Q8_0 or Q4_K_M, for
+llama-bench on the same shape as NInfer's benchmarks.
 
     python bench/gguf_random_qwen35.py --preset qwen3.6-27b --ftype q8_0 -o 27b-q8_0.gguf
+    python bench/gguf_random_qwen35.py --preset qwen3.6-35b-a3b --ftype q4_k_m -o 35b.gguf
     python bench/gguf_random_qwen35.py --preset tiny --ftype q4_k_m -o tiny.gguf   # tests
+    python bench/gguf_random_qwen35.py --preset tiny-moe --ftype q8_0 -o tiny-moe.gguf
 
 The layout is what llama.cpp's own converter writes for Qwen3_5ForConditionalGeneration
 (conversion/qwen.py): full-attention layers every `full_attention_interval` with the gated
 query (attn_q holds query and gate, 2 x heads x head_dim rows), attn_k, attn_v, q/k norms; the
 other layers are gated delta-net layers (fused attn_qkv, attn_gate = z, ssm_conv1d, ssm_a,
-ssm_dt bias, ssm_alpha, ssm_beta, ssm_norm, ssm_out); every layer has the dense SwiGLU FFN.
+ssm_dt bias, ssm_alpha, ssm_beta, ssm_norm, ssm_out); every layer has the dense SwiGLU FFN, or,
+in qwen35moe, the router (ffn_gate_inp), the stacked experts (ffn_gate_exps, ffn_up_exps,
+ffn_down_exps: the converter splits HF's fused gate_up) and the sigmoid-gated shared expert
+(ffn_gate_inp_shexp, ffn_{gate,up,down}_shexp).
 The tokenizer is llama.cpp's "none" vocabulary with `qwen35.vocab_size` dummy tokens:
 llama-bench draws random token ids and needs nothing else.
 
 Types follow llama-quantize for this architecture (src/llama-quant.cpp of the pinned source):
 - q8_0: every 2-D weight Q8_0, token_embd and output included.
 - q4_k_m: Q4_K by default; output Q6_K; attn_v and the delta-net attn_qkv (both "attn_v-like")
-  and ffn_down Q6_K where llama.cpp's use_more_bits picks them (first and last eighth of the
-  layers and every third in between), else Q4_K.
-Norms, ssm_conv1d, ssm_a and ssm_dt stay F32, as llama-quantize leaves them.
+  and ffn_down (the experts' and the shared expert's too) Q6_K where llama.cpp's use_more_bits
+  picks them (first and last eighth of the layers and every third in between), else Q4_K.
+Norms, ssm_conv1d, ssm_a, ssm_dt and the shared expert's gate vector stay F32, as
+llama-quantize leaves them; the router (ffn_gate_inp, never quantized) stays in the
+converter's F16.
 
 Block bytes are drawn at random once per type (one template of a few MiB, finite fp16 block
 scales of the size a quantizer would give N(0, 0.02) weights) and repeated through every
@@ -40,6 +48,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 
 ARCH = "qwen35"
+ARCH_MOE = "qwen35moe"
 Q = GGMLQuantizationType
 FTYPES = {"q8_0": 7, "q4_k_m": 15}  # llama_ftype: MOSTLY_Q8_0, MOSTLY_Q4_K_M
 TEMPLATE_BLOCKS = 1 << 16  # per type: 2.2 MiB of Q8_0 blocks, 9 MiB of Q4_K
@@ -65,6 +74,14 @@ class Shape:
     rope_sections: tuple[int, int, int, int]
     rope_theta: float
     rms_eps: float
+    experts: int = 0  # > 0: qwen35moe
+    experts_used: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+
+    @property
+    def arch(self) -> str:
+        return ARCH_MOE if self.experts else ARCH
 
 
 def _ninfer_preset(name: str) -> dict:
@@ -80,14 +97,24 @@ def _ninfer_preset(name: str) -> dict:
 def preset_shape(name: str) -> Shape:
     if name == "tiny":
         return Shape(512, 1024, 4, 4, 1, 128, 2, 4, 64, 4, 4, 4096, 32, (11, 11, 10, 0), 1e7, 1e-6)
+    if name == "tiny-moe":
+        return Shape(
+            *(512, 0, 4, 4, 1, 128, 2, 4, 64, 4, 4, 4096, 32, (11, 11, 10, 0), 1e7, 1e-6),
+            experts=8,
+            experts_used=2,
+            expert_ffn=256,
+            shared_ffn=256,
+        )
     text = _ninfer_preset(name)
-    if "num_experts" in text:
-        raise SystemExit(f"{name}: mixture-of-experts shapes (qwen35moe) are not written here")
     rope = text["rope_parameters"]
     sections = tuple(rope["mrope_section"]) + (0,)
     return Shape(
         hidden=text["hidden_size"],
-        ffn=text["intermediate_size"],
+        ffn=text.get("intermediate_size", 0),
+        experts=text.get("num_experts", 0),
+        experts_used=text.get("num_experts_per_tok", 0),
+        expert_ffn=text.get("moe_intermediate_size", 0),
+        shared_ffn=text.get("shared_expert_intermediate_size", 0),
         layers=text["num_hidden_layers"],
         heads=text["num_attention_heads"],
         kv_heads=text["num_key_value_heads"],
@@ -155,12 +182,25 @@ def tensor_plan(shape: Shape, ftype: str) -> list[tuple[str, tuple[int, ...], Q]
                 (f"{b}.ssm_norm.weight", (shape.linear_head_dim,), f32),
                 (f"{b}.ssm_out.weight", (value_dim, h), dense),
             ]
-        plan += [
-            (f"{b}.post_attention_norm.weight", (h,), f32),
-            (f"{b}.ffn_gate.weight", (h, shape.ffn), dense),
-            (f"{b}.ffn_up.weight", (h, shape.ffn), dense),
-            (f"{b}.ffn_down.weight", (shape.ffn, h), heavy(i)),
-        ]
+        plan.append((f"{b}.post_attention_norm.weight", (h,), f32))
+        if shape.experts:
+            e, fe, fs = shape.experts, shape.expert_ffn, shape.shared_ffn
+            plan += [
+                (f"{b}.ffn_gate_inp.weight", (h, e), Q.F16),
+                (f"{b}.ffn_gate_exps.weight", (h, fe, e), dense),
+                (f"{b}.ffn_up_exps.weight", (h, fe, e), dense),
+                (f"{b}.ffn_down_exps.weight", (fe, h, e), heavy(i)),
+                (f"{b}.ffn_gate_inp_shexp.weight", (h,), f32),
+                (f"{b}.ffn_gate_shexp.weight", (h, fs), dense),
+                (f"{b}.ffn_up_shexp.weight", (h, fs), dense),
+                (f"{b}.ffn_down_shexp.weight", (fs, h), heavy(i)),
+            ]
+        else:
+            plan += [
+                (f"{b}.ffn_gate.weight", (h, shape.ffn), dense),
+                (f"{b}.ffn_up.weight", (h, shape.ffn), dense),
+                (f"{b}.ffn_down.weight", (shape.ffn, h), heavy(i)),
+            ]
     output = Q.Q6_K if ftype == "q4_k_m" else Q.Q8_0
     plan += [("output_norm.weight", (h,), f32), ("output.weight", (h, shape.vocab), output)]
     return plan
@@ -198,6 +238,8 @@ def f32_values(name: str, count: int, rng: np.random.Generator) -> np.ndarray:
         return -rng.uniform(0.5, 8.0, count).astype(np.float32)
     if name.endswith("norm.weight"):
         return rng.uniform(0.9, 1.1, count).astype(np.float32)
+    if "gate_inp" in name:  # router and shared-expert gate: small logits
+        return rng.normal(0.0, 0.02, count).astype(np.float32)
     return rng.normal(0.0, 0.1, count).astype(np.float32)
 
 
@@ -206,7 +248,13 @@ def add_metadata(writer: GGUFWriter, shape: Shape, ftype: str, name: str) -> Non
     writer.add_string("general.name", f"random {name} {ftype}")
     writer.add_uint32("general.file_type", FTYPES[ftype])
     writer.add_uint32("general.quantization_version", 2)
-    p = ARCH
+    p = shape.arch
+    moe = {
+        "expert_count": shape.experts,
+        "expert_used_count": shape.experts_used,
+        "expert_feed_forward_length": shape.expert_ffn,
+        "expert_shared_feed_forward_length": shape.shared_ffn,
+    }
     for key, value in {
         "vocab_size": shape.vocab,
         "context_length": 262144,
@@ -224,8 +272,10 @@ def add_metadata(writer: GGUFWriter, shape: Shape, ftype: str, name: str) -> Non
         "ssm.time_step_rank": shape.linear_v_heads,
         "ssm.inner_size": key_dim_v,
         "full_attention_interval": shape.full_attention_interval,
+        **(moe if shape.experts else {}),
     }.items():
-        writer.add_uint32(f"{p}.{key}", value)
+        if value or key != "feed_forward_length":  # MoE shapes may have no dense FFN width
+            writer.add_uint32(f"{p}.{key}", value)
     writer.add_float32(f"{p}.attention.layer_norm_rms_epsilon", shape.rms_eps)
     writer.add_float32(f"{p}.rope.freq_base", shape.rope_theta)
     writer.add_array(f"{p}.rope.dimension_sections", list(shape.rope_sections))
@@ -238,7 +288,7 @@ def write_gguf(
     """Write the file; returns its size in bytes."""
     rng = np.random.default_rng(seed)
     plan = tensor_plan(shape, ftype)
-    writer = GGUFWriter(path, ARCH)
+    writer = GGUFWriter(path, shape.arch)
     add_metadata(writer, shape, ftype, name)
     for tensor_name, ne, kind in plan:
         writer.add_tensor_info(
@@ -251,13 +301,18 @@ def write_gguf(
     fout.flush()
     align = writer.data_alignment
     offset = GGUFWriter.ggml_pad(fout.tell(), align)
-    templates = {kind: block_template(kind, rng) for kind in {k for _, _, k in plan if k != Q.F32}}
+    quantized = {k for _, _, k in plan if k not in (Q.F32, Q.F16)}
+    templates = {kind: block_template(kind, rng) for kind in quantized}
     jobs: list[tuple[int, memoryview]] = []
     small: list[tuple[int, bytes]] = []
     for tensor_name, ne, kind in plan:
         size = nbytes(ne, kind)
         if kind == Q.F32:
             small.append((offset, f32_values(tensor_name, size // 4, rng).tobytes()))
+        elif kind == Q.F16:
+            small.append(
+                (offset, f32_values(tensor_name, size // 2, rng).astype(np.float16).tobytes())
+            )
         else:
             template = memoryview(templates[kind])
             step = len(template) // GGML_QUANT_SIZES[kind][1] * GGML_QUANT_SIZES[kind][1]
@@ -283,12 +338,15 @@ def write_gguf(
 
 
 def weight_bytes_per_token(shape: Shape, ftype: str) -> int:
-    """Bytes a decode step reads from weights: every tensor but the embedding table (one row)."""
-    return sum(
-        nbytes(ne, kind)
-        for name, ne, kind in tensor_plan(shape, ftype)
-        if name != "token_embd.weight"
-    )
+    """Bytes a one-token decode step reads from weights: every tensor but the embedding table
+    (one row), of the expert stacks only the experts_used of experts a token is routed to."""
+    total = 0
+    for name, ne, kind in tensor_plan(shape, ftype):
+        if name == "token_embd.weight":
+            continue
+        size = nbytes(ne, kind)
+        total += size * shape.experts_used // shape.experts if "_exps." in name else size
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:

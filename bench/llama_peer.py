@@ -2,8 +2,8 @@
 quantized decode and prefill (issue 14). Run by tools/gpu/llama_peer.sh on the GPU machine;
 on the CPU with `--ngl 0 --no-copy-rate` (the tests' tiny shape).
 
-    python bench/llama_peer.py --llama-bench BIN --out DIR [--preset qwen3.6-27b] \\
-        [--ftypes q8_0 q4_k_m] [--layers N] [--reps 3]
+    python bench/llama_peer.py --llama-bench BIN --out DIR \\
+        [--preset qwen3.6-27b | qwen3.6-35b-a3b] [--ftypes q8_0 q4_k_m] [--layers N] [--reps 3]
 
 For each format: write the GGUF (bench/gguf_random_qwen35.py) into a scratch folder (the
 page cache's /dev/shm when it has room), run llama-bench twice with flash attention on and
@@ -13,9 +13,10 @@ llama-bench record, the timings of each stage) and llama_peer.md.
 
 Decode floor, as NInfer's benchmarks define it: bytes one step must move ÷ the copy rate
 measured here first (2 GiB device-to-device copy, bytes read + written, median of 20): the
-weights in their stored format (all but the embedding table, of which a step reads one row),
-the f16 KV cache of the full-attention layers up to the depth, and the f32 delta-net state of
-the other layers read and written.
+weights in their stored format (all but the embedding table, of which a step reads one row;
+of a mixture-of-experts shape's expert stacks only the experts one token is routed to), the f16
+KV cache of the full-attention layers up to the depth, and the f32 delta-net state of the other
+layers read and written.
 """
 
 from __future__ import annotations
@@ -85,12 +86,12 @@ def matmul_params(shape: Shape) -> int:
     gdn = (
         h * (2 * key_dim + value_dim) + h * value_dim + 2 * h * shape.linear_v_heads + value_dim * h
     )
-    return (
-        shape.layers * 3 * h * shape.ffn
-        + full * attn
-        + (shape.layers - full) * gdn
-        + h * shape.vocab
-    )
+    if shape.experts:  # router, the experts a token is routed to, the gated shared expert
+        ffn = h * shape.experts + 3 * h * shape.expert_ffn * shape.experts_used
+        ffn += 3 * h * shape.shared_ffn + h
+    else:
+        ffn = 3 * h * shape.ffn
+    return shape.layers * ffn + full * attn + (shape.layers - full) * gdn + h * shape.vocab
 
 
 def scratch_dir(need_bytes: int, requested: Path | None) -> Path:

@@ -118,3 +118,71 @@ def test_floor_counts_weights_kv_and_delta_net_state() -> None:
     assert row["floor_tok_s"] == pytest.approx(4e12 / moved)
     assert row["of_floor"] == pytest.approx(50.0 / row["floor_tok_s"])
     assert row["test"] == "tg128" and row["depth"] == 1024
+
+
+# qwen35moe's loader (src/models/qwen35moe.cpp of the pinned source) reads these on top.
+MOE_KEYS = [
+    "qwen35moe.expert_count",
+    "qwen35moe.expert_used_count",
+    "qwen35moe.expert_feed_forward_length",
+    "qwen35moe.expert_shared_feed_forward_length",
+]
+
+
+@pytest.mark.parametrize("ftype", ["q8_0", "q4_k_m"])
+def test_moe_shape_is_written_as_qwen35moe(tmp_path: Path, ftype: str) -> None:
+    shape = gen.preset_shape("tiny-moe")
+    path = tmp_path / f"tiny-moe-{ftype}.gguf"
+    size = gen.write_gguf(path, shape, ftype, "tiny-moe", threads=2)
+    reader = GGUFReader(path)
+    assert reader.fields["general.architecture"].contents() == "qwen35moe"
+    for key in [k.replace("qwen35.", "qwen35moe.") for k in REQUIRED_KEYS] + MOE_KEYS:
+        if key != "qwen35moe.feed_forward_length":  # no dense FFN in this shape
+            assert key in reader.fields, key
+    assert reader.fields["qwen35moe.expert_count"].contents() == 8
+    assert reader.fields["qwen35moe.expert_used_count"].contents() == 2
+    plan = {name: (ne, kind) for name, ne, kind in gen.tensor_plan(shape, ftype)}
+    assert {t.name for t in reader.tensors} == set(plan)
+    for tensor in reader.tensors:
+        ne, kind = plan[tensor.name]
+        assert tensor.tensor_type == kind and tuple(int(n) for n in tensor.shape) == ne
+        assert np.isfinite(dequantize(tensor.data, tensor.tensor_type)).all(), tensor.name
+    # Every layer: router F16, three expert stacks [k, rows, experts], the gated shared expert.
+    assert plan["blk.0.ffn_gate_inp.weight"] == ((512, 8), Q.F16)
+    assert plan["blk.2.ffn_gate_exps.weight"][0] == (512, 256, 8)
+    assert plan["blk.2.ffn_down_exps.weight"][0] == (256, 512, 8)
+    assert plan["blk.1.ffn_gate_inp_shexp.weight"] == ((512,), Q.F32)
+    assert "blk.0.ffn_down.weight" not in plan and "blk.3.ffn_down_shexp.weight" in plan
+    assert path.stat().st_size == size
+
+
+def test_moe_q4_k_m_types_and_routed_bytes() -> None:
+    shape = gen.preset_shape("qwen3.6-35b-a3b")
+    assert (shape.experts, shape.experts_used, shape.expert_ffn, shape.shared_ffn) == (
+        256,
+        8,
+        512,
+        512,
+    )
+    types = {name: kind for name, _, kind in gen.tensor_plan(shape, "q4_k_m")}
+    more = {i for i in range(40) if i < 5 or i >= 35 or (i - 5) % 3 == 2}
+    for i in range(40):
+        expected = Q.Q6_K if i in more else Q.Q4_K
+        assert types[f"blk.{i}.ffn_down_exps.weight"] == expected
+        assert types[f"blk.{i}.ffn_down_shexp.weight"] == expected
+        assert types[f"blk.{i}.ffn_gate_exps.weight"] == Q.Q4_K
+        assert types[f"blk.{i}.ffn_gate_inp.weight"] == Q.F16
+    plan = gen.tensor_plan(shape, "q8_0")
+    params = sum(int(np.prod(ne)) for _, ne, _ in plan)
+    assert 34e9 < params < 36.5e9  # the published 35B
+    experts = sum(gen.nbytes(ne, k) for name, ne, k in plan if "_exps." in name)
+    everything = sum(gen.nbytes(ne, k) for name, ne, k in plan if name != "token_embd.weight")
+    routed = gen.weight_bytes_per_token(shape, "q8_0")
+    assert routed == pytest.approx(everything - experts + experts * 8 / 256, abs=1e3)
+    assert 2.5e9 < routed < 4.5e9  # about 3B active parameters in Q8_0
+
+
+def test_moe_matmul_params_count_the_routed_experts() -> None:
+    shape = gen.preset_shape("qwen3.6-35b-a3b")
+    dense_like = llama_peer.matmul_params(shape)
+    assert 2.5e9 < dense_like < 4e9  # "A3B": about 3B active a token

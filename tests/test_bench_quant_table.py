@@ -51,7 +51,7 @@ def test_peer_matched_by_format_point_and_kv():
             model("nvfp4", "bf16", 84.0),
         ]
     }
-    rows = quant_table.table_rows(quant, None, PEER)
+    rows = quant_table.table_rows(quant, None, [PEER])
     by = {(r["weights"], r["kv"], r["point"]): r for r in rows}
     assert by[("fp8", "bf16", "decode b1, 1024 ctx")]["peer"] == 75.0
     assert by[("fp8", "bf16", "decode b1, 8192 ctx")]["peer"] == 74.0
@@ -60,7 +60,7 @@ def test_peer_matched_by_format_point_and_kv():
     assert by[("fp8", "fp8", "decode b1, 1024 ctx")]["peer"] is None  # the peer ran f16 KV
     assert by[("nvfp4", "bf16", "decode b1, 1024 ctx")]["peer"] == 84.0
     assert by[("nvfp4", "bf16", "prefill 8192")]["peer"] is None  # no Q4_K_M prefill given
-    text = quant_table.to_markdown(rows, PEER)
+    text = quant_table.to_markdown(rows, [PEER])
     assert (
         "| qwen3.6-27b | fp8 | bf16 | decode b1, 1024 ctx | 90.0 | 150.0 (bytes) | 60.0% "
         "| 75.0 (Q8_0) | 1.20× |" in text
@@ -71,27 +71,30 @@ def test_peer_matched_by_format_point_and_kv():
     )
 
 
-def test_moe_rows_and_files(tmp_path: Path):
-    moe = {"formats": [dict(model("fp8", "fp8", 250.0), shape=None)]}
-    (tmp_path / "moe.json").write_text(json.dumps(moe))
-    (tmp_path / "peer.json").write_text(json.dumps(PEER))
+def test_each_shape_meets_its_own_peer(tmp_path: Path):
+    """The 35B-A3B rows take the peer run on the 35B-A3B GGUFs, never the 27B one's figures."""
+    moe = {"formats": [model("fp8", "bf16", 250.0), model("fp8", "fp8", 240.0)]}
+    peer_moe = {
+        "info": dict(PEER["info"], preset="qwen3.6-35b-a3b", layers=40),
+        "table": [{"ftype": "q8_0", "test": "tg128", "depth": 1024, "tok_s": 125.0}],
+    }
+    paths = {}
+    for name, data in {"moe": moe, "peer27": PEER, "peer35": peer_moe}.items():
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(data))
     out = tmp_path / "table.md"
-    assert (
-        quant_table.main(
-            [
-                "--out",
-                str(out),
-                "--moe",
-                str(tmp_path / "moe.json"),
-                "--peer",
-                str(tmp_path / "peer.json"),
-            ]
-        )
-        == 0
-    )
+    argv = ["--out", str(out), "--moe", str(paths["moe"])]
+    argv += ["--peer", str(paths["peer27"]), str(paths["peer35"]), str(tmp_path / "absent.json")]
+    assert quant_table.main(argv) == 0
     text = out.read_text()
     assert (
-        "| qwen3.6-35b-a3b | fp8 | fp8 | decode b1, 1024 ctx | 250.0 | 150.0 (bytes) "
-        "| 166.7% |  |  |" in text
+        "| qwen3.6-35b-a3b | fp8 | bf16 | decode b1, 1024 ctx | 250.0 | 150.0 (bytes) "
+        "| 166.7% | 125.0 (Q8_0) | 2.00× |" in text
     )
-    assert "-r 2" in text
+    assert (
+        "| qwen3.6-35b-a3b | fp8 | bf16 | decode b1, 8192 ctx | 80.0 | 145.0 (bytes) | 55.2% "
+        "|  |  |" in text
+    )
+    assert "| qwen3.6-35b-a3b | fp8 | fp8 | decode b1, 1024 ctx | 240.0 |" in text
+    assert "| 125.0 (Q8_0) | 1.92× |" not in text  # fp8 KV: no f16-KV peer figure beside it
+    assert "qwen3.6-35b-a3b shape (40 layers)" in text and "-r 2" in text

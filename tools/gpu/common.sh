@@ -3,9 +3,10 @@
 # build_extension LOG: build the CUDA extension (tools/gpu/build.sh) and source its env.sh,
 # or print the log's tail and return 1.
 # peer_build_start: llama.cpp's llama-bench built from .llama-peer/ in the background (all but two
-# cores, low priority: tools/gpu/llama_peer.sh). peer_run OUT [llama_peer.sh options]: waits for
-# that build, runs the peer (PEER_S seconds at most) and leaves llama_peer.md and peer_log.txt in
-# OUT; returns 1 if either failed.
+# cores, low priority: tools/gpu/llama_peer.sh). peer_run OUT NAME [llama_peer.sh options]: waits
+# for that build (the first time), runs the peer into /tmp/NAME (PEER_S seconds at most) and
+# leaves NAME.md and NAME_log.txt in OUT (its JSON stays at /tmp/NAME/llama_peer.json); returns 1
+# if either failed.
 
 install_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
@@ -33,13 +34,16 @@ peer_build_start() {
 }
 
 peer_run() {
-  local out=$1 rc=0
-  shift
-  wait "$peer_builder" || { rc=1; tail -30 /tmp/peer-build.out; }
-  grep "^build:" /tmp/peer-build/build.log
-  timeout "${PEER_S:-240}" tools/gpu/llama_peer.sh /tmp/peer "$@" >/tmp/peer.out 2>&1 || rc=1
-  tail -30 /tmp/peer.out
-  cp /tmp/peer/llama_peer.md "$out/" 2>/dev/null
-  cat /tmp/peer-build/build.log /tmp/peer/llama_peer.log 2>/dev/null | tail -150 >"$out/peer_log.txt"
+  local out=$1 name=$2 rc=0
+  shift 2
+  if [ -n "${peer_builder:-}" ]; then
+    wait "$peer_builder" || { rc=1; tail -30 /tmp/peer-build.out; }
+    peer_builder=
+    grep "^build:" /tmp/peer-build/build.log
+  fi
+  timeout "${PEER_S:-240}" tools/gpu/llama_peer.sh "/tmp/$name" "$@" >"/tmp/$name.out" 2>&1 || rc=1
+  tail -30 "/tmp/$name.out"
+  cp "/tmp/$name/llama_peer.md" "$out/$name.md" 2>/dev/null
+  cat /tmp/peer-build/build.log "/tmp/$name/llama_peer.log" 2>/dev/null | tail -150 >"$out/${name}_log.txt"
   return "$rc"
 }

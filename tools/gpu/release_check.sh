@@ -49,7 +49,7 @@ fi
 if [ "${PEER:-0}" = 1 ]; then
   stamp "llama.cpp peer (after its build)"
   # shellcheck disable=SC2086  # PEER_ARGS: llama_peer.py options
-  peer_run "$out" ${PEER_ARGS:---depths 1024 8192} || status=1
+  peer_run "$out" llama_peer ${PEER_ARGS:---depths 1024 8192} || status=1
   # Room for the binary's parts among the device's 8 returned files.
   cat "$out/check/machine.txt" "$out/check/build.log" >"$out/check/machine_build.txt" 2>/dev/null &&
     rm -f "$out/check/machine.txt" "$out/check/build.log"
