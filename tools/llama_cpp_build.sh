@@ -2,7 +2,8 @@
 # llama.cpp for the peer benchmarks, from the source the llama-cpp-python sdist vendors (pinned
 # by version and sha256 below), built here with only the targets the benchmarks run.
 #   usage: tools/llama_cpp_build.sh WORK_DIR cpu|cuda|source
-#     cpu     llama-server + llama-bench, -march=native (GGML_NATIVE=ON): bench/serve_peer_cpu.py
+#     cpu     llama-server + llama-bench for this CPU (GGML_NATIVE=ON; on an AMX CPU its AVX-512
+#             flags one by one, AMX off): bench/serve_peer_cpu.py
 #             --peer-server WORK_DIR/build-cpu/bin/llama-server
 #     cuda    llama-bench for sm_90a (CUDA 13 nvcc; cuBLAS from the nvidia-cublas wheel, installed
 #             into WORK_DIR/cublas since this machine's toolkit has none), statically linked
@@ -40,7 +41,19 @@ common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUIL
   -DLLAMA_USE_PREBUILT_UI=OFF)
 case "$mode" in
 cpu)
-  cmake -S "$src" -B "$work/build-cpu" "${common[@]}" -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON
+  # This machine's instruction set, but never ggml's AMX matmul: on an AMX CPU the pinned
+  # source's native build segfaults in ggml_backend_amx_mul_mat on every prompt batch (Q8_0
+  # SmolLM2 and the random qwen35 GGUFs alike, 2026-12-03), so there the AVX-512 family the CPU
+  # reports is named one by one instead of -march=native.
+  isa=(-DGGML_NATIVE=ON)
+  if grep -qw amx_int8 /proc/cpuinfo; then
+    isa=(-DGGML_NATIVE=OFF)
+    for pair in avx512f:GGML_AVX512 avx512vbmi:GGML_AVX512_VBMI avx512_vnni:GGML_AVX512_VNNI \
+      avx512_bf16:GGML_AVX512_BF16 avx_vnni:GGML_AVX_VNNI; do
+      grep -qw "${pair%%:*}" /proc/cpuinfo && isa+=("-D${pair##*:}=ON")
+    done
+  fi
+  cmake -S "$src" -B "$work/build-cpu" "${common[@]}" "${isa[@]}" -DLLAMA_BUILD_SERVER=ON
   nice -n "$niceness" ninja -C "$work/build-cpu" -j "$jobs" llama-server llama-bench
   echo "$work/build-cpu/bin/llama-server"
   ;;
