@@ -2,11 +2,15 @@
 # install_wheels: the packages the GPU image lacks travel as wheels in .whl/ (see check.sh).
 # build_extension LOG: build the CUDA extension (tools/gpu/build.sh) and source its env.sh,
 # or print the log's tail and return 1.
+# stamp MESSAGE: the message after the seconds since this file was sourced.
 # peer_build_start: llama.cpp's llama-bench built from .llama-peer/ in the background (all but two
 # cores, low priority: tools/gpu/llama_peer.sh). peer_run OUT NAME [llama_peer.sh options]: waits
 # for that build (the first time), runs the peer into /tmp/NAME (PEER_S seconds at most) and
 # leaves NAME.md and NAME_log.txt in OUT (its JSON stays at /tmp/NAME/llama_peer.json); returns 1
 # if either failed.
+
+common_t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - common_t0)) s] $*"; }
 
 install_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then

@@ -20,13 +20,11 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+source tools/gpu/common.sh
 status=0
 kv=${KV_DTYPES:-bf16,fp8}
 dtypes=${DTYPES:-fp8,nvfp4}
 steps=${STEPS:-8}
-source tools/gpu/common.sh
 if [ "${PEER:-0}" = 1 ]; then
   stamp "llama.cpp build in the background"
   peer_build_start

@@ -13,10 +13,8 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
-status=0
 source tools/gpu/common.sh
+status=0
 if [ "${PEER:-0}" = 1 ]; then
   stamp "llama.cpp build in the background"
   peer_build_start
