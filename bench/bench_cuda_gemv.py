@@ -9,6 +9,7 @@ read-only stream (bytes read). Weight copies are cycled so that every launch rea
 Ends with the matmul time of one batch-1 decode step of the 27B model per variant.
 
     python3 bench/bench_cuda_gemv.py [--batches 1,4,8,16] [--reps 20] [--variants all|auto]
+        [--shapes "a|b,lm_head"]
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import statistics
 from ninfer import _core
 
 HIDDEN, FF, VOCAB = 5120, 17408, 248320
-# (name, rows of each weight in the launch, k, launches per decode step)
+# (name, rows of each weight in the launch, k, launches per bf16 decode step; 0: not in the bf16
+# step, timed alone — the GDN a/b projections that quantized models launch by themselves)
 SHAPES = [
     ("attn q|k|v", [12288, 1024, 1024], HIDDEN, 16),
     ("gdn in_proj qkv|z|b|a", [10240, 6144, 48, 48], HIDDEN, 48),
@@ -27,6 +29,8 @@ SHAPES = [
     ("o_proj / out_proj", [HIDDEN], 6144, 64),
     ("mlp down", [HIDDEN], FF, 64),
     ("lm_head", [VOCAB], HIDDEN, 1),
+    ("gdn a|b alone (fp8/nvfp4 27B)", [48, 48], HIDDEN, 0),
+    ("gdn a|b alone (fp8/nvfp4 35B-A3B)", [32, 32], 2048, 0),
 ]
 AUTO, CUBLAS = -1, _core.CudaGemv.cublas_variant if hasattr(_core, "CudaGemv") else -2
 
@@ -40,6 +44,7 @@ def main() -> int:
     parser.add_argument("--batches", default="1,4,8,16")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--variants", default="all", help="all: every variant; auto: the default")
+    parser.add_argument("--shapes", default="", help="only shapes whose name contains one of these")
     args = parser.parse_args()
     gemv = _core.CudaGemv(0)
     names = gemv.variants()
@@ -60,7 +65,10 @@ def main() -> int:
     best: dict[tuple[int, str], tuple[float, int]] = {}  # (m, shape) -> (step ms, variant)
     step_bytes = 0.0
     step_read_ms = 0.0  # the step's matmul bytes as same-size read-only streams
+    wanted = [w for w in args.shapes.split(",") if w]
     for name, rows, k, per_step in SHAPES:
+        if wanted and not any(w in name for w in wanted):
+            continue
         weight_bytes = 2.0 * sum(rows) * k
         step_bytes += per_step * weight_bytes
         # The same bytes read by the read-only stream kernel: the ceiling at this size, launch
@@ -82,7 +90,8 @@ def main() -> int:
                     continue
                 bw = weight_bytes / (ms * 1e-3)
                 step_ms[(m, v)] = step_ms.get((m, v), 0.0) + per_step * ms
-                if v >= 0 and ((m, name) not in best or per_step * ms < best[(m, name)][0]):
+                better = (m, name) not in best or per_step * ms < best[(m, name)][0]
+                if v >= 0 and per_step and better:
                     best[(m, name)] = (per_step * ms, v)
                 cells.append(
                     f"{labels[v]} {ms * 1e3:7.1f} us {bw / 1e12:.2f} TB/s "
@@ -95,6 +104,8 @@ def main() -> int:
                 flush=True,
             )
 
+    if step_bytes == 0:  # only shapes outside the bf16 step were timed
+        return 0
     print(
         f"27B decode step matmuls: {step_bytes / 1e9:.2f} GB of weights; floor at the copy rate "
         f"{step_bytes / copy_bw * 1e3:.2f} ms, at the read rate {step_bytes / read_bw * 1e3:.2f} ms"

@@ -7,8 +7,8 @@
 #   DENSE=1   bench/bench_cuda_quant.py on the 27B shape (--skip-gemv, committed GEMV choices)
 #   MOE=0     bench/bench_cuda_moe_quant.py on the 35B-A3B shape
 #   PEER=0    llama.cpp built from .llama-peer/ in the background from the start (all but two
-#             cores, low priority), run once NInfer's benchmarks are done: on the 27B shape, and
-#             with MOE=1 on the 35B-A3B shape too
+#             cores, low priority), run once NInfer's benchmarks are done: on the 27B shape with
+#             DENSE=1, on the 35B-A3B shape with MOE=1
 #   PREFILL=0 bench/bench_cuda_fp8_prefill.py on the 27B shape, then the kernel and idle-gap
 #             profile of one FP8 8k prefill (tools/gpu/prefill_profile.py)
 #   KV_DTYPES (default bf16,fp8), DTYPES (default fp8,nvfp4), CONTEXTS (27B decode plan,
@@ -61,10 +61,12 @@ if [ "${PREFILL:-0}" = 1 ]; then
   cat /tmp/pf/results_fp8_prefill.md /tmp/profile.log >"$out/prefill.md" 2>/dev/null
 fi
 if [ "${PEER:-0}" = 1 ]; then
-  stamp "llama.cpp peer, 27B (after its build)"
-  # shellcheck disable=SC2086  # PEER_ARGS: llama_peer.py options
-  peer_run "$out" llama_peer ${PEER_ARGS:---depths 1024 8192 --reps 2} || status=1
-  cp /tmp/llama_peer/llama_peer.json "$out/" 2>/dev/null
+  if [ "${DENSE:-1}" = 1 ]; then
+    stamp "llama.cpp peer, 27B (after its build)"
+    # shellcheck disable=SC2086  # PEER_ARGS: llama_peer.py options
+    peer_run "$out" llama_peer ${PEER_ARGS:---depths 1024 8192 --reps 2} || status=1
+    cp /tmp/llama_peer/llama_peer.json "$out/" 2>/dev/null
+  fi
   if [ "${MOE:-0}" = 1 ]; then
     stamp "llama.cpp peer, 35B-A3B"
     # shellcheck disable=SC2086
