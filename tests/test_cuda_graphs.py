@@ -77,7 +77,7 @@ def _decode(path, monkeypatch, graphs: bool, prompts, steps: int):
     return np.stack(out)
 
 
-@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("batch", [1, 3, 8, 12])  # 12: m > 8, the stream-K GEMV
 def test_graph_decode_equals_eager(artifact, monkeypatch, batch):
     # Prompt lengths just below page boundaries (64, 128), so the decode crosses them.
     prompts = [_tokens(20 + lane, 60 + 17 * lane) for lane in range(batch)]

@@ -296,25 +296,3 @@ def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, mode, tmp_path, monke
     for step, (q, t) in enumerate(zip(errors["quantized"], errors["bf16 twin"], strict=True)):
         assert q <= 1.5 * t + 2e-3 * scale, f"step {step}: quantized {q:.3g} vs bf16 twin {t:.3g}"
 
-
-@pytest.mark.parametrize("dtype", ["fp8", "nvfp4", "bf16"])
-def test_l2_prefetch_leaves_decode_bit_for_bit(dtype, tmp_path, monkeypatch):
-    """The decode steps' L2 prefetch of out_proj / o_proj (Backend::prefetch_weight) is only a
-    hint: with it (graphs, eager) and without it (NINFER_L2_PREFETCH=0) the logits are equal."""
-    from ninfer.convert.random import make_random_artifact
-
-    monkeypatch.setenv("NINFER_CUDA_MATMUL", "gemv")  # not the timed GEMV/cuBLAS choice (bf16)
-    path = make_random_artifact(CONFIG, tmp_path / "q.ninfer", dtype=dtype, tokenizer="synthetic")
-    ids = np.random.default_rng(4).integers(0, 512, size=24).tolist()
-    got = {}
-    for name, prefetch, graphs in (("off", "0", "1"), ("on", "1", "1"), ("on eager", "1", "0")):
-        monkeypatch.setenv("NINFER_L2_PREFETCH", prefetch)
-        monkeypatch.setenv("NINFER_CUDA_GRAPHS", graphs)
-        runner = _core.ModelRunner(str(path), max_lanes=1, max_batch_tokens=64, device="cuda")
-        steps = [runner.forward(0, 0, ids)]
-        steps += [runner.forward(0, len(ids) + i, [t]) for i, t in enumerate(DECODE)]
-        got[name] = steps
-        del runner
-    for name in ("on", "on eager"):
-        for step, (a, b) in enumerate(zip(got[name], got["off"], strict=True)):
-            assert np.array_equal(a, b), f"{name}, step {step}: max |Δ| {np.abs(a - b).max():.3g}"

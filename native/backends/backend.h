@@ -270,10 +270,6 @@ class Backend {
     add_rms_norm(y, x, rows, cols, weight, eps, normed);
     matmul_many(normed, rows, outputs);
   }
-  // A hint: a matmul of `rows` rows of x reads w after a few small ops. A backend may start
-  // reading w into a cache meanwhile (CUDA, decode batches: into L2, while those ops leave
-  // memory idle). Results do not change.
-  virtual void prefetch_weight(const Weight& /*w*/, int64_t /*rows*/) {}
   // dst[i, :] = src[rows[i], :] for `cols`-wide rows; `rows` is host memory.
   virtual void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows,
                            float* dst) = 0;

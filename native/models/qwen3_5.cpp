@@ -735,7 +735,6 @@ void Qwen35Model::attention_mixer(const Layer& L, int64_t t, const StepLayout& s
   const int64_t hd = cfg_.head_dim;
   float* q = q_.data();
   if (!projected) b.matmul_many(normed_.data(), t, mixer_projections(L).span());
-  b.prefetch_weight(L.o, t);
   if (cfg_.attn_output_gate) b.split_query_gate(q_proj_.data(), t, cfg_.heads, hd, q, gate_.data());
   b.head_rms_norm(q, t * cfg_.heads, hd, L.q_norm.data(), cfg_.eps, q);
   b.head_rms_norm(k_.data(), t * cfg_.kv_heads, hd, L.k_norm.data(), cfg_.eps, k_.data());
@@ -753,7 +752,6 @@ void Qwen35Model::attention_mixer(const Layer& L, int64_t t, const StepLayout& s
 void Qwen35Model::gdn_mixer(const Layer& L, int64_t t, const StepLayout& step, float* out, bool projected) {
   Backend& b = *backend_;
   if (!projected) b.matmul_many(normed_.data(), t, mixer_projections(L).span());
-  b.prefetch_weight(L.out_proj, t);
   std::vector<GdnSlice> slices;
   slices.reserve(step.lanes.size());
   for (const auto& r : step.lanes) {

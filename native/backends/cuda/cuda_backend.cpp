@@ -112,11 +112,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // NINFER_CUDA_MATMUL=gemv|cublas fixes the matmul path (tests that compare two backends
   // exactly; the timed auto choice may differ between them).
   overlap_launches_ = overlap_launches_from_env();
-  if (const char* v = std::getenv("NINFER_L2_PREFETCH"); !v || std::strcmp(v, "0") != 0) {
-    int l2_bytes = 0;
-    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device_));
-    l2_prefetch_bytes_ = l2_bytes / 2;
-  }
   if (const char* path = std::getenv("NINFER_CUDA_MATMUL")) {
     if (std::strcmp(path, "gemv") == 0) matmul_path_ = MatmulPath::Gemv;
     if (std::strcmp(path, "cublas") == 0) matmul_path_ = MatmulPath::Cublas;
@@ -450,24 +445,6 @@ void CudaBackend::add_rms_norm(float* y, const float* x, int64_t rows, int64_t c
   if (dry()) return;
   activate();
   launch_add_rms_norm(y, x, rows, cols, weight, eps, normed, stream_, overlap_launches_);
-}
-
-// Decode GEMVs stream their weights at the copy rate, and the kernels between them (conv,
-// delta rule, norms, attention) leave memory idle: the weight of the GEMV after them starts into
-// L2 before them (its first half of L2's size; the GEMV's first blocks read its first rows).
-void CudaBackend::prefetch_weight(const Weight& w, int64_t rows) {
-  const bool wanted = l2_prefetch_bytes_ > 0 && w && rows <= kGemvMaxRows;
-  note(wanted);
-  if (!wanted || dry()) return;
-  activate();
-  const int64_t codes = std::min(w.rows * row_bytes(w.dtype, w.cols), l2_prefetch_bytes_);
-  const void* scales = nullptr;
-  int64_t scale_bytes = 0;
-  if (w.dtype == DType::NVFP4 && w.scales) {  // e4m3 per-16 scales, w's rows from first_row
-    scale_bytes = std::min(w.rows * (w.cols / kNvfp4Group), l2_prefetch_bytes_ - codes);
-    scales = static_cast<const uint8_t*>(w.scales) + w.first_row * (w.cols / kNvfp4Group);
-  }
-  launch_l2_prefetch(w.data, codes, scales, scale_bytes, overlap_launches_, stream_);
 }
 
 void CudaBackend::gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) {

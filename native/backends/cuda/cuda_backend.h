@@ -137,7 +137,6 @@ class CudaBackend final : public Backend {
                     float* normed) override;
   void add_rms_norm_matmul(float* y, const float* x, int64_t rows, int64_t cols, const float* weight, float eps,
                            float* normed, std::span<const MatmulOutput> outputs) override;
-  void prefetch_weight(const Weight& w, int64_t rows) override;
   void gather_rows(const float* src, int64_t cols, std::span<const int32_t> rows, float* dst) override;
 
   // Hybrid models (cuda_backend_hybrid.cpp). gdn_mixer runs long prefill slices through the
@@ -298,7 +297,6 @@ class CudaBackend final : public Backend {
 
   bool step_graphs_ = true;
   bool overlap_launches_ = true;  // launch GEMVs, norms and SwiGLU overlapping the previous kernel
-  int64_t l2_prefetch_bytes_ = 0;  // prefetch_weight's limit (half of L2); 0: off (NINFER_L2_PREFETCH=0)
   StepMode mode_ = StepMode::Eager;
   bool step_graphable_ = true;
   std::vector<int64_t> signature_;                     // the dry step's launch choices and sizes

@@ -1,7 +1,6 @@
 // A read-only stream over device memory with the GEMV's weight loads: the ceiling a
 // weight-streaming kernel can reach, measured the same way (a copy counts bytes read and
-// written, a GEMV only reads); and the L2 prefetch that lets a decode GEMV's weights arrive
-// while the small kernels before it run.
+// written, a GEMV only reads).
 #pragma once
 
 #include "backends/cuda/kernels_gemv.cuh"
@@ -30,28 +29,6 @@ __global__ void read_stream(const uint4* __restrict__ data, int64_t count, uint3
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
-}
-
-inline constexpr int64_t kL2PrefetchChunk = 16 * 1024;  // bytes of one bulk prefetch
-
-// Asks L2 for up to two ranges of memory that no kernel writes (weights), one thread a
-// kL2PrefetchChunk piece, and returns: the bulk prefetches complete on their own. Launched with
-// programmatic serialization it runs beside the previous kernel, so it waits for that kernel
-// before it exits: the next kernel's own wait covers the ones before this one.
-__global__ void l2_prefetch(const uint8_t* a, int64_t a_bytes, const uint8_t* b, int64_t b_bytes) {
-  allow_dependent_launch();
-  const int64_t a_chunks = (a_bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
-  const int64_t chunks = a_chunks + (b_bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
-    const bool in_a = c < a_chunks;
-    const int64_t at = (in_a ? c : c - a_chunks) * kL2PrefetchChunk;
-    const int64_t end = in_a ? a_bytes : b_bytes;
-    const auto bytes = static_cast<uint32_t>(min(kL2PrefetchChunk, end - at) & ~int64_t{15});
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (bytes > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((in_a ? a : b) + at), "r"(bytes) : "memory");
-#endif
-  }
-  wait_for_prerequisite_grids();
 }
 
 }  // namespace ninfer::cuda::kernels

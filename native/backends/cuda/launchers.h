@@ -57,10 +57,6 @@ const char* gemv_variant_name(int variant);
 // Reads `bytes` (a multiple of 16) of device memory and stores nothing: the read-bandwidth
 // ceiling for the GEMV benchmark. `sink` is one writable word.
 void launch_read_stream(const void* data, int64_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream);
-// Starts reading [a, a + a_bytes) and [b, b + b_bytes) (16-byte aligned; memory no kernel
-// writes) into L2 and returns; `overlap`: launched to run beside the previous kernel.
-void launch_l2_prefetch(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes, bool overlap,
-                        cudaStream_t stream);
 // y[m, n] += bias[n].
 void launch_add_bias(float* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream);
 

@@ -106,18 +106,15 @@ constexpr int kGemvVariantCount = static_cast<int>(sizeof(kGemvVariants) / sizeo
 // The launcher's choice, from the H200 timings of the 27B decode shapes (2026-11-29): the block
 // split is fastest at m <= 8 for k <= 8192 (q/k/v, GDN in_proj, gate/up at 99-100 µs, o_proj),
 // stream-K for the long rows of down_proj (k = 17408: only 320 tiles of 16 rows) and for
-// m > 8. A launch of fewer 16-row tiles than a quarter of the SMs (the GDN a/b projections of
-// the quantized models: 96 rows, 6 blocks, each streaming 160 KB alone) is stream-K at every m:
-// its blocks then split k too. NINFER_GEMV_VARIANT=i (read once) forces variant i, to time the
-// model with it.
-int default_gemv_variant(int m, int k, int tiles16) {
+// m > 8. NINFER_GEMV_VARIANT=i (read once) forces variant i, to time the model with it.
+int default_gemv_variant(int m, int k) {
   static const int forced = [] {
     const char* v = std::getenv("NINFER_GEMV_VARIANT");
     const int i = v ? std::atoi(v) : -1;
     return i >= 0 && i < kGemvVariantCount ? i : -1;
   }();
   if (forced >= 0) return forced;
-  if (m > 8 || 4 * tiles16 < sm_count()) return 2;
+  if (m > 8) return 2;
   return k > 8192 ? 1 : 0;
 }
 
@@ -156,9 +153,7 @@ void launch_gemv_bf16(const GemvJob* jobs, int num_jobs, const float* x, int m, 
     l.table.y[j] = jobs[j].y;
     l.table.rows[j] = jobs[j].rows;
   }
-  int tiles16 = 0;
-  for (int j = 0; j < num_jobs; ++j) tiles16 += (jobs[j].rows + 15) / 16;
-  kGemvVariants[options.variant < 0 ? default_gemv_variant(m, k, tiles16) : options.variant].launch(l);
+  kGemvVariants[options.variant < 0 ? default_gemv_variant(m, k) : options.variant].launch(l);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
@@ -166,19 +161,6 @@ void launch_read_stream(const void* data, int64_t bytes, uint32_t* sink, int num
   if (bytes < 16) return;
   kernels::read_stream<<<static_cast<unsigned int>(num_sms * 4), 512, 0, stream>>>(static_cast<const uint4*>(data),
                                                                                  bytes / 16, sink);
-  NINFER_CUDA_CHECK_LAUNCH();
-}
-
-void launch_l2_prefetch(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes, bool overlap,
-                        cudaStream_t stream) {
-  a_bytes = a ? std::max<int64_t>(a_bytes, 0) : 0;
-  b_bytes = b ? std::max<int64_t>(b_bytes, 0) : 0;
-  const int64_t chunks = (a_bytes + b_bytes) / kernels::kL2PrefetchChunk + 2;
-  if (a_bytes + b_bytes < 16) return;
-  constexpr int kThreads = 32;  // one warp a block: the prefetches spread over many SMs' copy engines
-  const auto blocks = static_cast<unsigned int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 1024));
-  launch_overlapped(overlap, dim3(blocks), dim3(kThreads), 0, stream, kernels::l2_prefetch,
-                    static_cast<const uint8_t*>(a), a_bytes, static_cast<const uint8_t*>(b), b_bytes);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
