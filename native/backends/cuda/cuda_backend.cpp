@@ -112,6 +112,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // NINFER_CUDA_MATMUL=gemv|cublas fixes the matmul path (tests that compare two backends
   // exactly; the timed auto choice may differ between them).
   overlap_launches_ = overlap_launches_from_env();
+  if (const char* v = std::getenv("NINFER_GEMV_VARIANT")) {
+    const int i = std::atoi(v);
+    gemv_variant_ = i >= 0 && i < gemv_variant_count() ? i : -1;
+  }
   if (const char* path = std::getenv("NINFER_CUDA_MATMUL")) {
     if (std::strcmp(path, "gemv") == 0) matmul_path_ = MatmulPath::Gemv;
     if (std::strcmp(path, "cublas") == 0) matmul_path_ = MatmulPath::Cublas;
@@ -296,7 +300,8 @@ void CudaBackend::run_gemv(const float* x, int64_t m, std::span<const MatmulOutp
                    static_cast<int32_t>(o.weight->rows)};
       }
       launch_gemv_bf16(jobs, n, x + r0 * k, rows, static_cast<int>(k),
-                       {.workspace = gemv_workspace_, .overlap_previous = overlap_launches_}, stream_);
+                       {.workspace = gemv_workspace_, .overlap_previous = overlap_launches_, .variant = gemv_variant_},
+                       stream_);
     }
   }
 }

@@ -297,6 +297,7 @@ class CudaBackend final : public Backend {
 
   bool step_graphs_ = true;
   bool overlap_launches_ = true;  // launch GEMVs, norms and SwiGLU overlapping the previous kernel
+  int gemv_variant_ = -1;         // NINFER_GEMV_VARIANT: one bf16 GEMV variant for every launch
   StepMode mode_ = StepMode::Eager;
   bool step_graphable_ = true;
   std::vector<int64_t> signature_;                     // the dry step's launch choices and sizes

@@ -99,6 +99,19 @@ __device__ __forceinline__ void wait_for_prerequisite_grids() {
 #endif
 }
 
+// Four floats of memory that an earlier kernel of the stream writes (activations, not
+// weights), for kernels that may start early: a coherent ld.global. The non-coherent path
+// (__ldg, or a load through a const __restrict__ pointer: ld.global.nc) promises memory that
+// nothing writes while the kernel runs, so ptxas may issue such a load above
+// wait_for_prerequisite_grids() — the stream-K GEMV read x before its previous kernel had
+// written it (2026-12-03; tools/pdl_sass_audit.py lists loads placed above a kernel's wait).
+// Volatile, so that the compiler keeps it below the wait too.
+__device__ __forceinline__ float4 load_activations4(const float* p) {
+  float4 v;
+  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
 // Shared-memory address of a generic pointer into shared memory (for PTX operands).
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

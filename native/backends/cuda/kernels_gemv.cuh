@@ -73,8 +73,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 // 8 consecutive f32 x values as 8 bf16.
 __device__ __forceinline__ uint4 load_x8_bf16(const float* p) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
+  const float4 a = load_activations4(p);
+  const float4 b = load_activations4(p + 4);
   return {pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w)};
 }
 

@@ -106,14 +106,9 @@ constexpr int kGemvVariantCount = static_cast<int>(sizeof(kGemvVariants) / sizeo
 // The launcher's choice, from the H200 timings of the 27B decode shapes (2026-11-29): the block
 // split is fastest at m <= 8 for k <= 8192 (q/k/v, GDN in_proj, gate/up at 99-100 µs, o_proj),
 // stream-K for the long rows of down_proj (k = 17408: only 320 tiles of 16 rows) and for
-// m > 8. NINFER_GEMV_VARIANT=i (read once) forces variant i, to time the model with it.
+// m > 8 (CudaBackend passes NINFER_GEMV_VARIANT=i as GemvOptions::variant, to time the model
+// with variant i).
 int default_gemv_variant(int m, int k) {
-  static const int forced = [] {
-    const char* v = std::getenv("NINFER_GEMV_VARIANT");
-    const int i = v ? std::atoi(v) : -1;
-    return i >= 0 && i < kGemvVariantCount ? i : -1;
-  }();
-  if (forced >= 0) return forced;
   if (m > 8) return 2;
   return k > 8192 ? 1 : 0;
 }
