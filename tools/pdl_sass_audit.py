@@ -28,7 +28,9 @@ INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.
 
 
 def audit(path: str) -> list[tuple[str, Counter]]:
-    run = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True)
+    run = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True)
+    if run.returncode != 0:  # e.g. an object without device code
+        return []
     sass = run.stdout
     found = []
     name, before, waited, has_wait = None, Counter(), False, False

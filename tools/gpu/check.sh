@@ -30,7 +30,7 @@ fi
 grep "build rc" "$out/build.log"
 grep -iE "warning" "$out/build.log" | head -20
 echo "== loads above a grid-dependency wait (tools/pdl_sass_audit.py)"
-PATH="$PATH:/usr/local/cuda/bin" "$py" tools/pdl_sass_audit.py build/gpu/CMakeFiles/ninfer_cuda.dir/native/backends/cuda/*.o \
+PATH="$PATH:/usr/local/cuda/bin" "$py" tools/pdl_sass_audit.py build/gpu/CMakeFiles/ninfer_cuda.dir/native/backends/cuda/*.cu.o \
   >"$out/pdl_audit.txt" 2>&1 || true
 grep -v "before the wait" "$out/pdl_audit.txt" | sed 's/(.*//' | sort | uniq -c | sort -rn | head -12
 # shellcheck disable=SC1091

@@ -71,8 +71,17 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return packed;
 }
 
-// 8 consecutive f32 x values as 8 bf16.
+// 8 consecutive f32 x values as 8 bf16, through the non-coherent path: only in kernels whose
+// SASS keeps these loads below their wait (tools/pdl_sass_audit.py, which check.sh runs).
 __device__ __forceinline__ uint4 load_x8_bf16(const float* p) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
+  return {pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w)};
+}
+
+// The same through coherent loads (load_activations4), for the kernels whose wait sits in a
+// loop (stream-K, the general quantized GEMV): ptxas moved their __ldg loads of x above it.
+__device__ __forceinline__ uint4 load_x8_bf16_coherent(const float* p) {
   const float4 a = load_activations4(p);
   const float4 b = load_activations4(p + 4);
   return {pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w)};
@@ -291,8 +300,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) {
         const int c = s * kBatch + i * kWarps + warp;
-        lo[i] = live[i] && x_lo_live ? load_x8_bf16(x_lo + 32 * c) : kZero;
-        hi[i] = live[i] && x_hi_live ? load_x8_bf16(x_hi + 32 * c) : kZero;
+        lo[i] = live[i] && x_lo_live ? load_x8_bf16_coherent(x_lo + 32 * c) : kZero;
+        hi[i] = live[i] && x_hi_live ? load_x8_bf16_coherent(x_hi + 32 * c) : kZero;
       }
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) mma_chunk(acc, w[i], lo[i], hi[i]);

@@ -232,8 +232,8 @@ __global__ void __launch_bounds__(32 * kWarps)
       uint4 lo[4], hi[4];
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        lo[s] = live[s] && x_lo_live ? load_x8_bf16(x_lo + unit * 128 + 8 * s) : kZero;
-        hi[s] = live[s] && x_hi_live ? load_x8_bf16(x_hi + unit * 128 + 8 * s) : kZero;
+        lo[s] = live[s] && x_lo_live ? load_x8_bf16_coherent(x_lo + unit * 128 + 8 * s) : kZero;
+        hi[s] = live[s] && x_hi_live ? load_x8_bf16_coherent(x_hi + unit * 128 + 8 * s) : kZero;
       }
       float part[kRowTiles][4];
 #pragma unroll

@@ -141,7 +141,8 @@ __device__ __forceinline__ uint4 x8_to_staged_f16(const float4& a, const float4&
 // 8 consecutive f32 x values as the staged f16 (bf16-rounded, × 2^-8), in the order above.
 template <bool kNvfp4>
 __device__ __forceinline__ uint4 load_x8_staged_f16(const float* p) {
-  return x8_to_staged_f16<kNvfp4>(load_activations4(p), load_activations4(p + 4));
+  return x8_to_staged_f16<kNvfp4>(__ldg(reinterpret_cast<const float4*>(p)),
+                                  __ldg(reinterpret_cast<const float4*>(p + 4)));
 }
 
 // NVFP4: the e4m3 group scale as f16x2 times 2^7, so that (value · 2^-14) · (scale · 2^7) =

@@ -132,11 +132,11 @@ __global__ void __launch_bounds__(Shape::kThreads)
           const int64_t kx = static_cast<int64_t>(unit) * 128 + (wd / 4) * 64 + 16 * tig + 4 * (wd & 3);
           uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
           if (x_lo_live) {
-            const float4 v = load_activations4(x_lo + kx);
+            const float4 v = __ldg(reinterpret_cast<const float4*>(x_lo + kx));
             a0 = pack_bf16x2(v.x, v.z), a2 = pack_bf16x2(v.y, v.w);
           }
           if (x_hi_live) {
-            const float4 v = load_activations4(x_hi + kx);
+            const float4 v = __ldg(reinterpret_cast<const float4*>(x_hi + kx));
             a1 = pack_bf16x2(v.x, v.z), a3 = pack_bf16x2(v.y, v.w);
           }
 #pragma unroll
@@ -165,14 +165,14 @@ __global__ void __launch_bounds__(Shape::kThreads)
           const int64_t kx = static_cast<int64_t>(unit) * 128 + 32 * tig + 8 * wd;
           uint32_t lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
           if (x_lo_live) {
-            const float4 a = load_activations4(x_lo + kx);
-            const float4 b = load_activations4(x_lo + kx + 4);
+            const float4 a = __ldg(reinterpret_cast<const float4*>(x_lo + kx));
+            const float4 b = __ldg(reinterpret_cast<const float4*>(x_lo + kx + 4));
             lo[0] = pack_bf16x2(a.x, b.x), lo[1] = pack_bf16x2(a.y, b.y);
             lo[2] = pack_bf16x2(a.z, b.z), lo[3] = pack_bf16x2(a.w, b.w);
           }
           if (x_hi_live) {
-            const float4 a = load_activations4(x_hi + kx);
-            const float4 b = load_activations4(x_hi + kx + 4);
+            const float4 a = __ldg(reinterpret_cast<const float4*>(x_hi + kx));
+            const float4 b = __ldg(reinterpret_cast<const float4*>(x_hi + kx + 4));
             hi[0] = pack_bf16x2(a.x, b.x), hi[1] = pack_bf16x2(a.y, b.y);
             hi[2] = pack_bf16x2(a.z, b.z), hi[3] = pack_bf16x2(a.w, b.w);
           }

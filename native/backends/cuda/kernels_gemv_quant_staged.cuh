@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int per_row = k / 8;
   for (int i = threadIdx.x; i < m * per_row; i += 32 * kWarps) {
     const int r = i / per_row, c = (i - r * per_row) * 8;
-    const float4 a = load_activations4(x + static_cast<int64_t>(r) * k + c);
-    const float4 b = load_activations4(x + static_cast<int64_t>(r) * k + c + 4);
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(r) * k + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(r) * k + c + 4));
     *reinterpret_cast<uint4*>(xs + r * xs_stride + c) = {staged_x_f16x2(a.x, a.y), staged_x_f16x2(a.z, a.w),
                                                          staged_x_f16x2(b.x, b.y), staged_x_f16x2(b.z, b.w)};
   }
