@@ -295,4 +295,3 @@ def test_quantized_model_on_the_gpu_matches_the_cpu(dtype, mode, tmp_path, monke
     print(f"{dtype} {mode}: |GPU - CPU| per step", errors)
     for step, (q, t) in enumerate(zip(errors["quantized"], errors["bf16 twin"], strict=True)):
         assert q <= 1.5 * t + 2e-3 * scale, f"step {step}: quantized {q:.3g} vs bf16 twin {t:.3g}"
-

@@ -33,24 +33,23 @@ def audit(path: str) -> list[tuple[str, Counter]]:
         return []
     sass = run.stdout
     found = []
-    name, before, waited, has_wait = None, Counter(), False, False
+    name, before, waited = None, Counter(), False
 
     def flush() -> None:
-        if name and has_wait and before:
+        if name and waited and before:
             found.append((name, before.copy()))
 
     for line in sass.splitlines():
         m = FUNCTION.match(line)
         if m:
             flush()
-            name, before, waited, has_wait = m.group(1), Counter(), False, False
+            name, before, waited = m.group(1), Counter(), False
             continue
         m = INSTRUCTION.search(line)
         if not m or name is None:
             continue
         op = m.group(3)
         if op == "ACQBULK":
-            has_wait = True
             waited = True
         elif not waited and op.startswith("LDG") and ".NA" not in op:
             before[op] += 1

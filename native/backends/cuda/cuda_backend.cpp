@@ -109,16 +109,17 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   NINFER_CUDA_CHECK(cudaMalloc(&gemv_memory_, gemv_workspace_bytes(gemv_blocks)));
   NINFER_CUDA_CHECK(cudaMemsetAsync(gemv_memory_, 0, gemv_workspace_bytes(gemv_blocks), stream_));
   gemv_workspace_ = gemv_workspace_at(gemv_memory_, gemv_blocks);
+  overlap_launches_ = overlap_launches_from_env();
   // NINFER_CUDA_MATMUL=gemv|cublas fixes the matmul path (tests that compare two backends
   // exactly; the timed auto choice may differ between them).
-  overlap_launches_ = overlap_launches_from_env();
-  if (const char* v = std::getenv("NINFER_GEMV_VARIANT")) {
-    const int i = std::atoi(v);
-    gemv_variant_ = i >= 0 && i < gemv_variant_count() ? i : -1;
-  }
   if (const char* path = std::getenv("NINFER_CUDA_MATMUL")) {
     if (std::strcmp(path, "gemv") == 0) matmul_path_ = MatmulPath::Gemv;
     if (std::strcmp(path, "cublas") == 0) matmul_path_ = MatmulPath::Cublas;
+  }
+  // NINFER_GEMV_VARIANT=i: every bf16 GEMV of this backend runs variant i (tests, timings).
+  if (const char* v = std::getenv("NINFER_GEMV_VARIANT")) {
+    const int i = std::atoi(v);
+    gemv_variant_ = i >= 0 && i < gemv_variant_count() ? i : -1;
   }
 }
 

@@ -1,6 +1,5 @@
 // Launchers of the GEMV kernels and of the read-bandwidth probe (see launchers.h).
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 
 #include "backends/cuda/cuda_check.h"
